@@ -1,0 +1,29 @@
+# Newcomer entry points: `make run` and `make test` (both create .venv when missing).
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test install clean bench
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python examples/lazy_mlp.py
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n auto -q
+
+bench: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/trace_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,1 @@
+"""Compiler: lowering traced graphs to executables, and the compile cache."""

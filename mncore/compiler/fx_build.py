@@ -1,0 +1,76 @@
+"""Turn a collected graph plan into a ``torch.fx.GraphModule`` that runs on the pfvm devices."""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from mncore.lazy.ir import Data, Node, Scalar, ScalarMarker, T
+
+aten = torch.ops.aten
+
+# Ops that are exact for logical values but may fail on real strided buffers.
+_LOWER = {
+    aten.view.default: aten.reshape.default,
+    aten._unsafe_view.default: aten.reshape.default,
+}
+
+
+def _lower_target(target: Any) -> Any:
+    return _LOWER.get(target, target)
+
+
+def build(nodes: list[Node], n_leaves: int, n_scalars: int, outputs: list[tuple[int, int]],
+          exec_device: torch.device) -> fx.GraphModule:
+    """Build the FX graph: placeholders are leaves then lifted scalars; the output is a tuple."""
+    from mncore.lazy.tensor import DEV
+
+    g = fx.Graph()
+    leaves = [g.placeholder(f"buf{i}") for i in range(n_leaves)]
+    scalars = [g.placeholder(f"scalar{i}") for i in range(n_scalars)]
+    env: list[Any] = []
+    items: dict[tuple[int, int], Any] = {}
+    leaf_index: dict[int, int] = {}
+    local: dict[int, int] = {}
+    sc = iter(scalars)
+
+    def ref_value(ref: Any) -> Any:
+        if type(ref) is Scalar:
+            return next(sc)
+        p, i = ref
+        if type(p) is Data:
+            return leaves[leaf_index[id(p)]]
+        j = local[id(p)]
+        if nodes[j].nout == 0:
+            return env[j]
+        key = (j, i)
+        v = items.get(key)
+        if v is None:
+            v = items[key] = g.call_function(operator.getitem, (env[j], i))
+        return v
+
+    def rebuild(x: Any, it: Any) -> Any:
+        if x is T or type(x) is ScalarMarker:
+            return ref_value(next(it))
+        if type(x) is tuple:
+            return [rebuild(y, it) for y in x]
+        if x is DEV:
+            return exec_device
+        return x
+
+    next_leaf = 0
+    for j, n in enumerate(nodes):
+        local[id(n)] = j
+        for ref in n.inputs:
+            if type(ref) is tuple and type(ref[0]) is Data and id(ref[0]) not in leaf_index:
+                leaf_index[id(ref[0])] = next_leaf
+                next_leaf += 1
+        it = iter(n.inputs)
+        targs, tkw = n.template
+        args = tuple(rebuild(a, it) for a in targs)
+        kwargs = {k: rebuild(v, it) for k, v in tkw}
+        env.append(g.call_function(_lower_target(n.target), args, kwargs))
+    g.output(tuple(env[j] if nodes[j].nout == 0 else ref_value((nodes[j], i)) for j, i in outputs))
+    return fx.GraphModule(torch.nn.Module(), g)

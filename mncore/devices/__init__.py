@@ -1,0 +1,1 @@
+"""Execution devices behind the ``mncore`` torch device."""

@@ -1,0 +1,1 @@
+"""Lazy mode: the ``mncore`` torch device, the tracer and ``sync()``."""

@@ -1,0 +1,104 @@
+"""The tracing IR: cheap Python objects recorded per aten op, turned into torch.fx only on compile.
+
+A value is a pair ``(producer, index)``; the producer is a :class:`Node` (pending op),
+a :class:`Data` leaf (a device buffer) or a :class:`Scalar` leaf (a lifted Python number).
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+from mncore.runtime import buffers
+
+_seq = itertools.count()
+
+
+class Node:
+    """One traced op. ``template`` holds the non-tensor arguments with markers for tensors."""
+
+    __slots__ = ("target", "template", "inputs", "sig_id", "seq", "nout", "frame")
+
+    def __init__(self, target: Any, template: Any, inputs: tuple, sig_id: int, nout: int, frame: Any = None):
+        self.target = target
+        self.template = template
+        self.inputs = inputs  # tuple of values (producer, index)
+        self.sig_id = sig_id
+        self.seq = next(_seq)
+        self.nout = nout
+        self.frame = frame
+
+
+class Data:
+    """A leaf that owns one buffer-table entry; the entry is freed when the leaf dies.
+
+    A leaf produced by a submitted job is a placeholder until the worker fills it; ``ready``
+    is set then (or ``error`` is stored), so host reads wait only for the graph they need.
+    """
+
+    __slots__ = ("bid", "meta", "ready", "error", "graph", "__weakref__")
+
+    def __init__(self, meta: tuple, tensor: Any = None):
+        self.bid = buffers.new_id()
+        self.meta = meta  # (shape, stride, dtype)
+        self.error: BaseException | None = None
+        self.graph: str | None = None
+        if tensor is not None:
+            buffers.put(self.bid, tensor)
+            self.ready = None
+        else:
+            self.ready = threading.Event()
+
+    def wait(self) -> Any:
+        """Block until the buffer exists, then return it (re-raising a worker error)."""
+        if self.ready is not None:
+            self.ready.wait()
+        if self.error is not None:
+            raise self.error
+        return buffers.get(self.bid)
+
+    def __del__(self) -> None:
+        try:
+            buffers.free(self.bid)
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class Scalar:
+    """A Python number lifted out of the graph key so that changing it never recompiles."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
+class TensorMarker:
+    """Stands for a tensor argument inside a node template."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "T"
+
+
+class ScalarMarker:
+    """Stands for a lifted scalar inside a node template; keeps the scalar's Python type."""
+
+    __slots__ = ("kind",)
+
+    def __init__(self, kind: type):
+        self.kind = kind
+
+    def __repr__(self) -> str:
+        return f"S[{self.kind.__name__}]"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ScalarMarker) and other.kind is self.kind
+
+    def __hash__(self) -> int:
+        return hash(self.kind)
+
+
+T = TensorMarker()
+SCALAR_MARKERS = {float: ScalarMarker(float), int: ScalarMarker(int), bool: ScalarMarker(bool), complex: ScalarMarker(complex)}

@@ -1,0 +1,110 @@
+"""Per-op facts read once from the aten schema: mutation, aliasing, lifting and randomness."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+# Ops whose output *shape* depends on scalar values: their floats stay in the graph key.
+_NO_LIFT_PREFIXES = ("arange", "range", "linspace", "logspace", "_upsample", "upsample")
+
+# Pure reads of values on the host; handled by the host path, never traced.
+HOST_OPS = {
+    aten._local_scalar_dense.default, aten.equal.default, aten.is_nonzero.default,
+}
+
+
+@dataclass(eq=False)
+class OpInfo:
+    """What the tracer needs to know about one ``OpOverload``."""
+
+    op: Any
+    name: str
+    kind: str  # 'functional' | 'view' | 'mutating' | 'host'
+    mutated: tuple[int, ...] = ()  # schema positions of mutated arguments
+    mutated_names: tuple[str, ...] = ()
+    out_names: tuple[str, ...] = ()  # keyword-only out= arguments
+    functional: Any = None  # variant without mutation, when one matches the schema
+    lift_pos: frozenset = frozenset()  # positions/names whose float values are lifted to inputs
+    random: bool = False
+    has_generator: bool = False
+    returns_alias: tuple = ()  # per return: index of the mutated arg it aliases, or None
+    arg_names: tuple[str, ...] = field(default=())
+
+
+def _liftable_type(t: Any) -> bool:
+    s = str(t)
+    return s in ("Tensor", "Scalar", "Scalar?", "Scalar[]", "Tensor?", "number")
+
+
+def _find_functional(op: Any, mutated_names: tuple[str, ...], out_names: tuple[str, ...]) -> Any:
+    """Find the overload that computes the same thing without writing to any argument."""
+    schema = op._schema
+    base = schema.name.split("::")[1]
+    if out_names:
+        name = base
+    elif base.endswith("_") and not base.endswith("__"):
+        name = base[:-1]
+    else:
+        return None
+    packet = getattr(aten, name, None)
+    if packet is None:
+        return None
+    want = [(a.name, str(a.type)) for a in schema.arguments if a.name not in out_names]
+    for ov in packet.overloads():
+        cand = getattr(packet, ov)
+        cs = cand._schema
+        if any(a.alias_info is not None and a.alias_info.is_write for a in cs.arguments):
+            continue
+        if [(a.name, str(a.type)) for a in cs.arguments] == want and len(cs.returns) == max(1, len(out_names) or len(schema.returns)):
+            return cand
+    return None
+
+
+def analyze(op: Any) -> OpInfo:
+    schema = op._schema
+    name = schema.name.split("::")[1] + ("." + schema.overload_name if schema.overload_name else "")
+    args = schema.arguments
+    mutated = tuple(i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write)
+    mutated_names = tuple(args[i].name for i in mutated)
+    out_names = tuple(args[i].name for i in mutated if args[i].kwarg_only)
+    lift = frozenset()
+    if not name.startswith(_NO_LIFT_PREFIXES):
+        lift = frozenset([i for i, a in enumerate(args) if _liftable_type(a.type)] +
+                         [a.name for a in args if _liftable_type(a.type)])
+    random = torch.Tag.nondeterministic_seeded in op.tags
+    has_gen = any(a.name == "generator" for a in args)
+    info = OpInfo(op=op, name=name, kind="functional", lift_pos=lift, random=random, has_generator=has_gen,
+                  arg_names=tuple(a.name for a in args))
+    if op in HOST_OPS:
+        info.kind = "host"
+    elif mutated:
+        info.kind = "mutating"
+        info.mutated, info.mutated_names, info.out_names = mutated, mutated_names, out_names
+        info.functional = _find_functional(op, mutated_names, out_names)
+        alias_of = []
+        for r in schema.returns:
+            idx = None
+            if r.alias_info is not None:
+                for i in mutated:
+                    ai = args[i].alias_info
+                    if ai is not None and set(ai.before_set) & set(r.alias_info.before_set):
+                        idx = i
+            alias_of.append(idx)
+        info.returns_alias = tuple(alias_of)
+    elif any(r.alias_info is not None for r in schema.returns):
+        info.kind = "view"
+    return info
+
+
+_cache: dict[Any, OpInfo] = {}
+
+
+def info_for(op: Any) -> OpInfo:
+    info = _cache.get(op)
+    if info is None:
+        info = _cache[op] = analyze(op)
+    return info

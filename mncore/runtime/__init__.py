@@ -1,0 +1,1 @@
+"""Runtime: buffer table, executor (worker thread and jobs), metrics and timeline."""

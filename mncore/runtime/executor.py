@@ -1,0 +1,144 @@
+"""Job submission: one worker thread and FIFO queue per process, with the seed's three modes.
+
+``sync``: the host waits for each graph. ``async_naive``: ``sync()`` returns at once and the
+worker prepares and runs the job while the host traces on (they contend for the GIL).
+``async`` (default): the host waits on an event until the worker's host-side preparation of
+the job is done, then traces on while the device runs.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from mncore.runtime import buffers, metrics, timeline
+from mncore.runtime.state import settings
+
+
+class DeviceExecutionError(RuntimeError):
+    """A graph failed on the device; names the graph and the op that failed."""
+
+
+@dataclass(eq=False)
+class Job:
+    exe: Any
+    leaves: list
+    scalars: list
+    outs: list
+    prepared: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class _FindFailingOp(fx.Interpreter):
+    def run_node(self, n: fx.Node) -> Any:
+        try:
+            return super().run_node(n)
+        except Exception as e:
+            raise _OpFailed(n, e) from e
+
+
+class _OpFailed(Exception):
+    def __init__(self, node: fx.Node, exc: Exception):
+        super().__init__(str(exc))
+        self.node, self.exc = node, exc
+
+
+class Executor:
+    def __init__(self) -> None:
+        self._q: queue.Queue = queue.Queue()
+        self._errors: list[BaseException] = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._last: Job | None = None
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="mncore-worker", daemon=True)
+            self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        self._ensure_thread()
+        self._last = job
+        self._q.put(job)
+        mode = settings.execution
+        if mode == "sync":
+            job.done.wait()
+        elif mode == "async":
+            job.prepared.wait()
+
+    def wait_all(self) -> None:
+        """Block until every submitted job finished; re-raise the first worker error."""
+        if self._thread is not None:
+            self._q.join()
+        self.raise_errors()
+
+    def raise_errors(self) -> None:
+        with self._lock:
+            if not self._errors:
+                return
+            err, self._errors = self._errors[0], []
+        raise err
+
+    def _loop(self) -> None:
+        while True:
+            job = self._q.get()
+            try:
+                self._run(job)
+            finally:
+                job = None
+                self._q.task_done()
+
+    def _run(self, job: Job) -> None:
+        exe = job.exe
+        t0 = timeline.now()
+        try:
+            args = [leaf.wait() for leaf in job.leaves] + job.scalars
+        except BaseException as e:  # an input came from a failed graph
+            args = None
+            err: BaseException | None = e
+        else:
+            err = None
+        job.prepared.set()
+        t1 = timeline.now()
+        timeline.record("worker", f"prepare {exe.name}", t0, t1)
+        outs = None
+        if err is None:
+            try:
+                outs = exe.fn(*args)
+                if settings.exec_device.type == "cuda":
+                    torch.cuda.synchronize(settings.exec_device)
+            except Exception as e:  # noqa: BLE001 - reported to the host, never swallowed
+                err = self._describe(exe, args, e)
+        t2 = timeline.now()
+        if err is None:
+            for leaf, o in zip(job.outs, outs):
+                buffers.put(leaf.bid, o)
+        else:
+            for leaf in job.outs:
+                leaf.error = err
+            with self._lock:
+                self._errors.append(err)
+        for leaf in job.outs:
+            leaf.ready.set()
+        timeline.record("device", exe.name, t1, t2, nodes=exe.n_nodes)
+        metrics.add("execute_s", t2 - t1)
+        metrics.add("graphs_executed")
+        job.done.set()
+
+    @staticmethod
+    def _describe(exe: Any, args: list, exc: Exception) -> DeviceExecutionError:
+        op = "?"
+        try:
+            _FindFailingOp(exe.gm).run(*args)
+        except _OpFailed as f:
+            op = f"{f.node.target} (node {f.node.name})"
+        except Exception:  # noqa: BLE001 - best effort only
+            pass
+        return DeviceExecutionError(f"mncore: graph {exe.name} failed at op {op}: {type(exc).__name__}: {exc}")
+
+
+executor = Executor()
