@@ -90,7 +90,7 @@ def _explain_recompile(name: str, order: list[Node], key: tuple) -> None:
     prev = _last_compiled.get("key")
     if prev is None:
         return
-    prev_items, items = prev[0][0], key[0]
+    prev_items, items = prev[0], key[0]
     lines = [f"mncore[recompile]: compiling {name} ({len(items)} ops); previous graph had {len(prev_items)} ops"]
     for j, (a, b) in enumerate(zip(prev_items, items)):
         if a != b:

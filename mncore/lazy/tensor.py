@@ -586,7 +586,7 @@ def _user_site() -> tuple[str, int, str]:
 
 def implicit_sync(reason: str) -> None:
     """A value is needed on the host while work is still pending: handle per the configured mode."""
-    from mncore.runtime import executor
+    from mncore.lazy.graph import sync
 
     mode = settings.implicit_sync
     site = _user_site()
@@ -600,13 +600,13 @@ def implicit_sync(reason: str) -> None:
         _warned_sites.add(site)
         import warnings
 
-        warnings.warn(
+        warnings.warn_explicit(
             f"mncore: implicit sync: {reason} at {where} reads a tensor value before mncore.sync(); "
             "the pending graph is cut here (this warning is shown once per call site)",
-            ImplicitSyncWarning, stacklevel=2,
+            ImplicitSyncWarning, site[0], site[1],
         )
     metrics._values["implicit_syncs"] += 1
-    executor.sync(reason="implicit")
+    sync(reason="implicit")
 
 
 def realize(t: LazyTensor, reason: str) -> torch.Tensor:

@@ -7,6 +7,7 @@ the job is done, then traces on while the device runs.
 """
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 from dataclasses import dataclass, field
@@ -83,9 +84,19 @@ class Executor:
             err, self._errors = self._errors[0], []
         raise err
 
+    def shutdown(self) -> None:
+        """Drain the queue and stop the worker (at interpreter exit, so no thread dies mid-kernel)."""
+        if self._thread is not None and self._thread.is_alive():
+            self._q.put(None)
+            self._thread.join(timeout=60)
+        self._thread = None
+
     def _loop(self) -> None:
         while True:
             job = self._q.get()
+            if job is None:
+                self._q.task_done()
+                return
             try:
                 self._run(job)
             finally:
@@ -142,3 +153,4 @@ class Executor:
 
 
 executor = Executor()
+atexit.register(executor.shutdown)

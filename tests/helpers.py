@@ -1,0 +1,46 @@
+"""Run the same training loop eagerly on CPU and lazily on mncore, and compare."""
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import torch
+
+import mncore
+
+
+def train(model: torch.nn.Module, batches: list, device: str, make_opt: Callable, loss_fn: Callable,
+          steps: int | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Train ``model`` (a deep copy is made) on ``device``; returns losses and final state on CPU."""
+    model = copy.deepcopy(model).to(device)
+    opt = make_opt(model.parameters())
+    losses = []
+    for batch in batches[:steps]:
+        batch = [b.to(device) for b in batch]
+        opt.zero_grad()
+        loss = loss_fn(model, *batch)
+        loss.backward()
+        opt.step()
+        if device == "mncore":
+            mncore.sync()
+        losses.append(loss)
+    losses = [float(l.detach().cpu()) for l in losses]
+    return losses, {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+def assert_same_training(eager: tuple, lazy: tuple, rtol: float, atol: float) -> None:
+    torch.testing.assert_close(torch.tensor(lazy[0]), torch.tensor(eager[0]), rtol=rtol, atol=atol)
+    assert eager[1].keys() == lazy[1].keys()
+    for k in eager[1]:
+        torch.testing.assert_close(lazy[1][k], eager[1][k], rtol=rtol, atol=atol, msg=lambda m: f"{k}: {m}")
+
+
+def mlp(width: int, depth: int = 4, classes: int = 10) -> torch.nn.Sequential:
+    layers: list[torch.nn.Module] = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, classes))
+
+
+def ce(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(model(x), y)

@@ -1,0 +1,294 @@
+"""Runtime behaviour: compile cache, implicit sync modes, errors, buffers, modes, observability."""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import mncore
+from tests.helpers import mlp
+
+pytestmark = pytest.mark.unit
+
+
+def _step_fn(model, opt, x, y):
+    def step():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x.mncore()), y.mncore())
+        loss.backward()
+        opt.step()
+        mncore.sync()
+        return loss
+    return step
+
+
+def _setup(width=16, lr=0.1, momentum=0.0):
+    torch.manual_seed(0)
+    model = mlp(width, depth=2).mncore()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    x, y = torch.randn(8, width), torch.randint(0, 10, (8,))
+    return model, opt, x, y
+
+
+def test_second_identical_step_compiles_nothing():
+    step = _step_fn(*_setup(momentum=0.9))
+    step()
+    step()  # momentum buffers now exist: the steady-state graph
+    mncore.wait_device_ops()
+    before = mncore.metrics.counters()
+    step()
+    mncore.wait_device_ops()
+    after = mncore.metrics.counters()
+    assert after["compiles"] == before["compiles"]
+    assert after["cache_hits"] == before["cache_hits"] + 1
+    assert after["graphs_executed"] == before["graphs_executed"] + 1
+    assert after["traced_ops"] > before["traced_ops"]
+
+
+def test_scheduled_learning_rate_does_not_recompile():
+    model, opt, x, y = _setup()
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    step = _step_fn(model, opt, x, y)
+    step()
+    sched.step()
+    step()
+    sched.step()
+    mncore.wait_device_ops()
+    before = mncore.metrics.counters()["compiles"]
+    for _ in range(3):
+        step()
+        sched.step()
+    mncore.wait_device_ops()
+    assert mncore.metrics.counters()["compiles"] == before
+
+
+def test_changed_shape_recompiles_and_debug_explains(capfd):
+    mncore.init_cpu(implicit_sync="silent")
+    from mncore.lazy.tensor import tracer
+    tracer.record_frames = True
+    mncore.settings.debug = frozenset({"recompile"})
+    try:
+        a = torch.randn(4, 4).mncore()
+        (a * 2).sum()
+        b = (a * 2).sum()
+        mncore.sync()
+        c = (torch.randn(5, 4).mncore() * 2).sum()
+        mncore.sync()
+        assert torch.allclose(b.cpu(), (a.cpu() * 2).sum())
+        del c
+    finally:
+        mncore.settings.debug = frozenset()
+        tracer.record_frames = False
+    err = capfd.readouterr().err
+    assert "mncore[recompile]" in err
+    assert "input shapes/dtypes changed" in err
+    assert "test_runtime.py" in err  # the Python frame that traced the differing op
+
+
+def test_recompile_env_var_in_subprocess():
+    code = (
+        "import torch, mncore; mncore.init_cpu()\n"
+        "for n in (3, 4):\n"
+        "    x = torch.ones(n).mncore(); y = (x + 1).sum(); mncore.sync(); print(y.item())\n"
+    )
+    env = dict(os.environ, MNCORE_DEBUG="recompile")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["6.0", "8.0"]
+    assert "mncore[recompile]" in r.stderr
+
+
+@pytest.mark.parametrize("mode", ["sync", "async_naive", "async"])
+def test_execution_modes_give_identical_results(mode):
+    mncore.init_cpu(execution=mode)
+    step = _step_fn(*_setup())
+    losses = [step() for _ in range(4)]
+    got = [l.item() for l in losses]
+    mncore.init_cpu(execution="sync")
+    step = _step_fn(*_setup())
+    ref = [step().item() for _ in range(4)]
+    assert got == ref
+
+
+def test_implicit_sync_warn_once_per_call_site():
+    mncore.init_cpu(implicit_sync="warn")
+    before = mncore.metrics.counters()["implicit_syncs"]
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            x = torch.ones(3).mncore() + 1
+            assert x.sum().item() == 6.0  # one call site, three implicit syncs
+    msgs = [w for w in rec if issubclass(w.category, mncore.ImplicitSyncWarning)]
+    assert len(msgs) == 1
+    assert "test_runtime.py" in str(msgs[0].message) and ".item()" in str(msgs[0].message)
+    assert mncore.metrics.counters()["implicit_syncs"] - before == 3
+
+
+def test_implicit_sync_error_mode_raises_and_keeps_state():
+    mncore.init_cpu(implicit_sync="error")
+    x = torch.ones(3).mncore() * 2
+    with pytest.raises(mncore.ImplicitSyncError, match=r"\.cpu\(\)"):
+        x.cpu()
+    mncore.sync()
+    assert x.cpu().tolist() == [2.0, 2.0, 2.0]  # after an explicit sync the read is fine
+
+
+def test_implicit_sync_silent_mode_and_env_var(monkeypatch):
+    mncore.init_cpu(implicit_sync="silent")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert (torch.ones(2).mncore() * 3).tolist() == [3.0, 3.0]
+    monkeypatch.setenv("MNCORE_IMPLICIT_SYNC", "error")
+    mncore.init_cpu()
+    with pytest.raises(mncore.ImplicitSyncError):
+        float((torch.ones(()).mncore() + 1))
+
+
+def test_bool_and_print_are_implicit_syncs():
+    mncore.init_cpu(implicit_sync="silent")
+    before = mncore.metrics.counters()["implicit_syncs"]
+    x = torch.tensor([1.0, -1.0]).mncore()
+    if (x > 0).any():
+        pass
+    assert "device='mncore:0'" in repr(x * 2)
+    assert mncore.metrics.counters()["implicit_syncs"] - before == 2
+
+
+@pytest.mark.parametrize("bad", ["tpu", "pfvm:gpu", "cuda", "", "pfvm:cuda:x"])
+def test_unknown_device_lists_valid_ones(bad):
+    with pytest.raises(ValueError, match="pfvm:cpu"):
+        mncore.init(bad)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_cuda_without_gpu_says_so():
+    with pytest.raises(ValueError, match="CUDA"):
+        mncore.init_cuda()
+    with pytest.raises(ValueError, match="pfvm:cuda:7"):
+        mncore.init("pfvm:cuda:7")
+
+
+def test_simulator_devices_not_available_yet():
+    for dev in ("mncore2:auto", "mncore2:0", "emu2"):
+        with pytest.raises(ValueError, match="available devices: pfvm:cpu"):
+            mncore.init(dev)
+    with pytest.raises(ValueError):
+        mncore.init_mncore()
+    assert mncore.settings.device == "pfvm:cpu"  # a failed init leaves the runtime as it was
+
+
+def test_bad_modes_are_rejected():
+    with pytest.raises(ValueError, match="implicit_sync"):
+        mncore.init_cpu(implicit_sync="loud")
+    with pytest.raises(ValueError, match="execution"):
+        mncore.init_cpu(execution="eager")
+
+
+def test_use_before_init_is_a_clear_error():
+    code = "import torch, mncore\ntry:\n    torch.ones(2).mncore()\nexcept RuntimeError as e:\n    print(e)\n"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "mncore is not initialized" in r.stdout, r.stderr
+
+
+def test_worker_error_names_graph_and_op():
+    mncore.init_cpu(implicit_sync="silent")
+    table = torch.randn(10, 4).mncore()
+    idx = torch.tensor([1, 99]).mncore()  # out of range: only the kernel can tell, not shape inference
+    out = torch.nn.functional.embedding(idx, table) * 2
+    mncore.sync()
+    with pytest.raises(mncore.DeviceExecutionError, match=r"graph_\w+ failed at op aten\.embedding"):
+        mncore.wait_device_ops()
+    with pytest.raises(mncore.DeviceExecutionError):
+        out.cpu()  # the value of a failed graph never silently appears
+    ok = torch.ones(2).mncore() + 1  # the runtime keeps working afterwards
+    mncore.sync()
+    assert ok.tolist() == [2.0, 2.0]
+
+
+def test_shape_errors_raise_at_trace_time():
+    a, b = torch.ones(2, 3).mncore(), torch.ones(4, 5).mncore()
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied|same reduction dim"):
+        a @ b
+    with pytest.raises(RuntimeError, match="same device"):
+        a + torch.ones(2, 3)
+
+
+def test_live_buffers_stay_flat_over_500_steps():
+    mncore.init_cpu(implicit_sync="error")
+    step = _step_fn(*_setup(width=8, momentum=0.9))
+    for _ in range(5):
+        step()
+    mncore.wait_device_ops()
+    gc.collect()  # garbage left by earlier tests in this process; the loop itself needs no collection
+    warm = mncore.metrics.counters()["live_buffers"]
+    seen = set()
+    for i in range(500):
+        step()
+        if i % 50 == 49:
+            mncore.wait_device_ops()
+            seen.add(mncore.metrics.counters()["live_buffers"])
+    assert seen == {warm}
+
+
+def test_buffers_are_freed_with_their_tensors():
+    mncore.wait_device_ops()
+    base = mncore.metrics.counters()["live_buffers"]
+    xs = [torch.ones(10).mncore() for _ in range(5)]
+    assert mncore.metrics.counters()["live_buffers"] == base + 5
+    del xs
+    assert mncore.metrics.counters()["live_buffers"] == base
+
+
+def test_reinit_switches_after_draining_pending_work():
+    x = torch.arange(4.0).mncore() * 3
+    mncore.init_cpu(execution="sync", implicit_sync="error")  # syncs and waits first
+    assert x.tolist() == [0.0, 3.0, 6.0, 9.0]
+    assert mncore.settings.execution == "sync"
+
+
+def test_metrics_report_and_reset():
+    (torch.ones(3).mncore() + 1).tolist()
+    c = mncore.metrics.counters()
+    for k in ("traced_ops", "graphs_executed", "compiles", "cache_hits", "implicit_syncs", "bytes_to_device",
+              "bytes_to_host", "live_buffers", "trace_s", "compile_s", "execute_s"):
+        assert k in c
+    assert c["bytes_to_device"] >= 12 and c["bytes_to_host"] >= 12
+    text = mncore.metrics.report()
+    assert "traced_ops" in text and "ms" in text
+    mncore.metrics.reset()
+    assert mncore.metrics.counters()["traced_ops"] == 0
+
+
+def test_chrome_trace_has_host_compile_and_device_lanes(tmp_path):
+    mncore.profile.clear()
+    step = _step_fn(*_setup())
+    for _ in range(2):
+        step()
+    mncore.wait_device_ops()
+    path = mncore.profile.export_chrome_trace(tmp_path / "trace.json")
+    data = json.loads(path.read_text())
+    names = {e["args"]["name"] for e in data["traceEvents"] if e["ph"] == "M"}
+    assert {"host", "compile", "device"} <= names
+    spans = [e for e in data["traceEvents"] if e["ph"] == "X"]
+    lanes = {e["tid"] for e in spans}
+    assert len(lanes) >= 3
+    assert all(e["dur"] >= 0 for e in spans)
+
+
+def test_manual_seed_makes_random_ops_reproducible():
+    torch.manual_seed(42)
+    a = torch.randn(5, device="mncore")
+    b = torch.rand(3).mncore().bernoulli()
+    mncore.sync()
+    torch.manual_seed(42)
+    a2 = torch.randn(5, device="mncore")
+    b2 = torch.rand(3).mncore().bernoulli()
+    mncore.sync()
+    assert torch.equal(a.cpu(), a2.cpu()) and torch.equal(b.cpu(), b2.cpu())
+    assert not torch.equal(a.cpu(), torch.randn(5, device="mncore").cpu())
