@@ -37,7 +37,7 @@ def build(nodes: list[Node], n_leaves: int, n_scalars: int, outputs: list[tuple[
     sc = iter(scalars)
 
     def ref_value(ref: Any) -> Any:
-        if type(ref) is Scalar:
+        if isinstance(ref, Scalar):
             return next(sc)
         p, i = ref
         if type(p) is Data:

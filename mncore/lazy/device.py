@@ -69,6 +69,19 @@ class DeviceModule:
 _lib: Any = None
 
 
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """matmul without its in-place squeeze_ for 1-D operands (lazy tensor metadata is immutable).
+
+    Registered for AutogradPrivateUse1 so that it composes differentiable ops like the
+    CompositeImplicitAutograd kernel it replaces.
+    """
+    if a.dim() == 1 and b.dim() >= 2:
+        return aten.matmul.default.decompose(a.unsqueeze(0), b).squeeze(-2)
+    if b.dim() == 1 and a.dim() >= 2:
+        return aten.matmul.default.decompose(a, b.unsqueeze(-1)).squeeze(-1)
+    return aten.matmul.default.decompose(a, b)
+
+
 def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """``copy_`` reaching the backend kernel (Python key excluded, e.g. inside ``torch.tensor``)."""
     LazyTensor.__torch_dispatch__(aten.copy_.default, (), (dst, src), {})
@@ -91,6 +104,15 @@ def register() -> None:
             name += "." + op._schema.overload_name
         _lib.impl(name, factory(op), "PrivateUse1")
     _lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    _lib.impl("matmul", _matmul, "AutogradPrivateUse1")
     _lib.impl("_copy_from_and_resize", _copy_from, "PrivateUse1")
     # Module.to('mncore') must keep parameter identity (optimizers, tied weights): swap, don't copy.
     torch.__future__.set_swap_module_params_on_conversion(True)
+    # Let torch.optim pick its foreach (multi-tensor) path for mncore tensors, as it does for CUDA:
+    # one traced op per update step instead of one per parameter.
+    import torch.optim.optimizer as optimizer_mod
+    import torch.utils._foreach_utils as foreach_utils
+
+    for allow in (optimizer_mod._foreach_supported_types, foreach_utils._foreach_supported_types):
+        if LazyTensor not in allow:
+            allow.append(LazyTensor)

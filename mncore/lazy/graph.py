@@ -60,8 +60,8 @@ def _collect(roots: list) -> tuple[list[Node], list[Data], list, tuple]:
         local[id(n)] = j
         codes = []
         for ref in n.inputs:
-            if type(ref) is Scalar:
-                scalars.append(ref.value)
+            if isinstance(ref, Scalar):
+                scalars.append(ref)
                 codes.append(None)
                 continue
             p, i = ref
@@ -132,6 +132,7 @@ def sync(wait: bool = False, reason: str = "user") -> None:
     require_init()
     executor.raise_errors()
     t0 = timeline.now()
+    waited = metrics._values["wait_s"]
     timeline.record("host", "trace", _last_sync_end[0], t0)
     storages = [s for s in list(tracer.pending) if type(s.value[0]) is Node]
     tracer.pending = weakref.WeakSet()
@@ -141,38 +142,48 @@ def sync(wait: bool = False, reason: str = "user") -> None:
     metrics.add("syncs")
     t1 = timeline.now()
     timeline.record("host", f"sync ({reason})", t0, t1)
-    metrics.add("sync_s", t1 - t0)
+    metrics.add("sync_s", t1 - t0 - (metrics._values["wait_s"] - waited))
     _last_sync_end[0] = t1
     if wait:
         executor.wait_all()
 
 
-def _submit(storages: list) -> None:
-    by_ref: dict[tuple, list] = {}
-    for s in storages:
-        by_ref.setdefault((id(s.value[0]), s.value[1]), []).append(s)
-    refs = sorted(by_ref, key=lambda r: (by_ref[r][0].value[0].seq, r[1]))
-    roots = [by_ref[r][0].value[0] for r in refs]
+def build(refs: list[tuple], options: tuple = ()) -> tuple[Executable, list[Data], list]:
+    """Collect the graph computing ``refs``; find or compile its executable.
+
+    Returns the executable, the Data leaves it reads (in placeholder order) and its lifted
+    scalars (``Scalar`` objects, seeds included). Shared by lazy ``sync()`` and the Context API.
+    """
+    roots = [r[0] for r in refs]
     order, leaves, scalars, items = _collect(roots)
     local = {id(n): j for j, n in enumerate(order)}
-    outputs = [(local[r[0]], r[1]) for r in refs]
-    key = (items, tuple(outputs), settings.exec_device.type)
+    outputs = [(local[id(r[0])], r[1]) for r in refs]
+    key = (items, tuple(outputs), settings.exec_device.type, options)
     exe = cache.get(key)
     if exe is None:
         exe = _compile(order, len(leaves), len(scalars), outputs, key)
         cache.put(key, exe)
     else:
         metrics.add("cache_hits")
+    return exe, leaves, scalars
+
+
+def _submit(storages: list) -> None:
+    by_ref: dict[tuple, list] = {}
+    for s in storages:
+        by_ref.setdefault((id(s.value[0]), s.value[1]), []).append(s)
+    keys = sorted(by_ref, key=lambda r: (by_ref[r][0].value[0].seq, r[1]))
+    exe, leaves, scalars = build([by_ref[k][0].value for k in keys])
     out_leaves = []
-    for r in refs:
-        group = by_ref[r]
+    for k in keys:
+        group = by_ref[k]
         leaf = Data(group[0].meta)
         leaf.graph = exe.name
         out_leaves.append(leaf)
         for s in group:
             s.value = (leaf, 0)
             s.version += 1
-    executor.submit(Job(exe=exe, leaves=leaves, scalars=scalars, outs=out_leaves))
+    executor.submit(Job(exe=exe, leaves=leaves, scalars=[s.value for s in scalars], outs=out_leaves))
 
 
 def wait_device_ops() -> None:

@@ -73,6 +73,12 @@ class Scalar:
         self.value = value
 
 
+class Seed(Scalar):
+    """A random op's seed: a lifted scalar that must be fresh on every execution."""
+
+    __slots__ = ()
+
+
 class TensorMarker:
     """Stands for a tensor argument inside a node template."""
 

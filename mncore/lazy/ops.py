@@ -35,9 +35,26 @@ class OpInfo:
     arg_names: tuple[str, ...] = field(default=())
 
 
+_LIFTABLE_TYPES = frozenset({
+    "Tensor", "Optional[Tensor]", "List[Tensor]", "List[Optional[Tensor]]",
+    "number", "Optional[number]", "List[number]",
+})
+
+# Legacy schemas that write to arguments without declaring it: (op name, mutated positions).
+_UNDECLARED_MUTATIONS = {
+    "native_batch_norm": (3, 4),  # running_mean, running_var (updated when training=True)
+}
+
+# In-place ops that change a tensor's shape/strides; a lazy wrapper's metadata is immutable.
+METADATA_INPLACE = frozenset({
+    "squeeze_", "unsqueeze_", "transpose_", "t_", "swapdims_", "swapaxes_", "as_strided_", "resize_",
+    "resize_as_", "set_", "_resize_output_",
+})
+
+
 def _liftable_type(t: Any) -> bool:
-    s = str(t)
-    return s in ("Tensor", "Scalar", "Scalar?", "Scalar[]", "Tensor?", "number")
+    """Schema positions whose Python floats may be lifted to graph inputs (str() of the JIT type)."""
+    return str(t) in _LIFTABLE_TYPES
 
 
 def _find_functional(op: Any, mutated_names: tuple[str, ...], out_names: tuple[str, ...]) -> Any:
@@ -79,12 +96,21 @@ def analyze(op: Any) -> OpInfo:
     has_gen = any(a.name == "generator" for a in args)
     info = OpInfo(op=op, name=name, kind="functional", lift_pos=lift, random=random, has_generator=has_gen,
                   arg_names=tuple(a.name for a in args))
+    base = schema.name.split("::")[1]
+    if base in _UNDECLARED_MUTATIONS and not mutated:
+        mutated = _UNDECLARED_MUTATIONS[base]
+        mutated_names = tuple(args[i].name for i in mutated)
+        out_names = ()
     if op in HOST_OPS:
         info.kind = "host"
+    elif base in METADATA_INPLACE:
+        info.kind = "metadata_inplace"
+    elif base == "to" or base == "lift_fresh_copy":
+        info.kind = "to"
     elif mutated:
         info.kind = "mutating"
         info.mutated, info.mutated_names, info.out_names = mutated, mutated_names, out_names
-        info.functional = _find_functional(op, mutated_names, out_names)
+        info.functional = _find_functional(op, mutated_names, out_names) if base not in _UNDECLARED_MUTATIONS else None
         alias_of = []
         for r in schema.returns:
             idx = None

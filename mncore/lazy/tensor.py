@@ -16,7 +16,7 @@ import torch
 
 from mncore.lazy import ops as opinfo
 from mncore.lazy import rng, views
-from mncore.lazy.ir import SCALAR_MARKERS, Data, Node, Scalar, ScalarMarker, T
+from mncore.lazy.ir import SCALAR_MARKERS, Data, Node, Scalar, ScalarMarker, Seed, T
 from mncore.runtime import metrics
 from mncore.runtime.state import require_init, settings
 
@@ -54,6 +54,7 @@ class _Tracer:
         self.meta_cache: dict = {}
         self.sigs: list = []
         self.record_frames = False
+        self.capture: list | None = None  # Context API tracing: host tensors read become constants
 
 
 tracer = _Tracer()
@@ -93,9 +94,10 @@ class LazyTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         t0 = time.perf_counter()
         try:
-            info = opinfo._cache.get(func) or opinfo.info_for(func)
-            handler = _SPECIAL.get(func) or _HANDLERS[info.kind]
-            return handler(info, func, args, kwargs or {})
+            hit = _dispatch_cache.get(func)
+            if hit is None:
+                hit = _dispatch_cache[func] = _route(func)
+            return hit[1](hit[0], func, args, kwargs or _NO_KWARGS)
         finally:
             metrics._values["trace_s"] += time.perf_counter() - t0
 
@@ -121,6 +123,11 @@ class LazyTensor(torch.Tensor):
 
     def __array__(self, dtype: Any = None) -> Any:
         return self.numpy()
+
+    def __format__(self, spec: str) -> str:
+        if self.dim() == 0:
+            return self.item().__format__(spec)
+        return object.__format__(self, spec)
 
     def __deepcopy__(self, memo: dict) -> LazyTensor:
         with torch.no_grad():
@@ -212,7 +219,9 @@ def _norm(a: Any, inputs: list, sigs: list, lift: bool) -> Any:
             return T
         if a.device.type == "meta":
             raise RuntimeError("mncore: cannot mix meta tensors with mncore tensors")
-        if a.dim() != 0:
+        if tracer.capture is not None:
+            tracer.capture.append(_describe_host(a))
+        elif a.dim() != 0:
             raise RuntimeError(
                 f"Expected all tensors to be on the same device, but found a {a.device} tensor of shape "
                 f"{tuple(a.shape)} mixed with mncore tensors; move it with .to('mncore') first"
@@ -233,11 +242,26 @@ def _norm(a: Any, inputs: list, sigs: list, lift: bool) -> Any:
     return a
 
 
+def _describe_host(t: torch.Tensor) -> str:
+    name = t.__dict__.get("_mncore_name")
+    return name or f"tensor(shape={list(t.shape)}, dtype={t.dtype}, device={t.device})"
+
+
 def _norm_call(info: Any, args: tuple, kwargs: dict, inputs: list, sigs: list) -> tuple:
     lift = info.lift_pos
-    targs = tuple([_norm(a, inputs, sigs, i in lift) for i, a in enumerate(args)])
+    targs = []
+    for i, a in enumerate(args):
+        tp = type(a)
+        if tp is LazyTensor and not a._ch:  # the common case, inlined
+            inputs.append(a._st.value)
+            sigs.append(a._m)
+            targs.append(T)
+        elif tp is int or tp is bool or a is None:
+            targs.append(a)
+        else:
+            targs.append(_norm(a, inputs, sigs, i in lift))
     tkw = tuple([(k, _norm(v, inputs, sigs, k in lift)) for k, v in kwargs.items()]) if kwargs else ()
-    return targs, tkw
+    return tuple(targs), tkw
 
 
 def _materialize(x: Any, it: Any, sit: Any) -> Any:
@@ -315,7 +339,7 @@ def _record(info: Any, target: Any, args: tuple, kwargs: dict) -> tuple[Node, tu
             raise FallbackNeeded(f"random op {info.name} has no generator argument")
         target = _seeded(target, info.op)
         targs = (SCALAR_MARKERS[int],) + targs
-        inputs.insert(0, Scalar(rng.next_seed()))
+        inputs.insert(0, Seed(rng.next_seed()))
     node = Node(target, (targs, tkw), tuple(inputs), entry[0], 0 if entry[1] is None else len(entry[2]),
                 _frame() if tracer.record_frames else None)
     metrics._values["traced_ops"] += 1
@@ -360,40 +384,45 @@ def _functional(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
 # views
 
 
-def _view_meta(func: Any, args: tuple, kwargs: dict) -> tuple:
-    self = args[0]
-    rest = tuple(tuple(a) if type(a) is list else a for a in args[1:])
-    kw = tuple((k, tuple(v) if type(v) is list else v) for k, v in kwargs.items())
-    key = (func, rest, kw, self._m)
-    entry = tracer.meta_cache.get(key)
-    if entry is None:
-        m = torch.empty_strided(self._m[0], self._m[1], dtype=self._m[2], device="meta")
-        out = func(m, *args[1:], **kwargs)
-        if isinstance(out, torch.Tensor):
-            entry = (None, (_meta_of(out),))
-        else:
-            entry = (type(out), tuple(_meta_of(o) for o in out))
-        tracer.meta_cache[key] = entry
-    return rest, entry
-
-
 def _view(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """Trace the view op now (its value is cached) and share the parent's storage for writes."""
     self = args[0]
-    if type(self) is not LazyTensor and not isinstance(self, LazyTensor):
+    if not isinstance(self, LazyTensor):
         return _functional(info, func, args, kwargs)
-    rest, (struct, metas) = _view_meta(func, args, kwargs)
     if func in views.ALIASES:
-        return _child(self, metas[0], self._ch)
+        child = _child(self, self._m, self._ch)
+        child._vc = self._vc
+        return child
+    try:
+        node, entry = _record(info, func, args, kwargs)
+    except FallbackNeeded as e:
+        return _fallback(info, func, args, kwargs, str(e))
+    struct, metas = entry[1], entry[2]
+    rest = tuple(tuple(a) if type(a) is list else a for a in args[1:])
     if kwargs:
-        rest = rest + tuple(v for _, v in kwargs)  # e.g. slice(dim=..) normalised positionally
+        rest += tuple(tuple(v) if type(v) is list else v for v in kwargs.values())  # e.g. split(.., dim=2)
+    token = (self._st.version, tracer.epoch)
     if struct is None:
-        if func in views.SUPPORTED:
-            return _child(self, metas[0], self._ch + ((func, rest, self._m[0]),))
-        return _readonly_view(info, func, args, kwargs)
+        # Unknown view ops still read through the chain (so they see later writes to the base);
+        # writing through them raises in views.inverse.
+        child = _child(self, metas[0], self._ch + ((func, rest, self._m[0]),))
+        child._vc = (token, (node, 0))
+        return child
     pieces = views.split_views(func, rest, self._m[0])
     if pieces is None:
-        return _readonly_view(info, func, args, kwargs)
-    return struct([_child(self, m, self._ch + ((op, a, self._m[0]),)) for (op, a), m in zip(pieces, metas)])
+        return struct([_readonly(new_tensor((node, i), m), info.name) for i, m in enumerate(metas)])
+    out = []
+    for i, ((op, a), m) in enumerate(zip(pieces, metas)):
+        child = _child(self, m, self._ch + ((op, a, self._m[0]),))
+        child._vc = (token, (node, i))
+        out.append(child)
+    return struct(out)
+
+
+def _readonly(t: LazyTensor, op_name: str) -> LazyTensor:
+    """Views we cannot write back through are traced as copies and refuse in-place writes."""
+    t._ro = op_name
+    return t
 
 
 def _child(parent: LazyTensor, meta: tuple, chain: tuple) -> LazyTensor:
@@ -403,25 +432,22 @@ def _child(parent: LazyTensor, meta: tuple, chain: tuple) -> LazyTensor:
     return t
 
 
-def _readonly_view(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
-    """Views we cannot write back through are traced as copies and refuse writes."""
-    out = _functional(info, func, args, kwargs)
-    for t in out if isinstance(out, (list, tuple)) else [out]:
-        if isinstance(t, LazyTensor):
-            t._ro = info.name
-    return out
-
-
 # ---------------------------------------------------------------------------------------------
 # writes (in-place ops, out= ops, ops with mutable arguments)
 
 
 def write(target: LazyTensor, ref: tuple, meta: tuple, what: str = "") -> None:
     """Make ``target`` hold the value ``ref``; views scatter into their storage's base."""
+    tm = target._m
+    if meta == tm and not target._ch and "_ro" not in target.__dict__:  # the common case
+        st = target._st
+        st.value = ref
+        st.version += 1
+        tracer.pending.add(st)
+        return
     ro = getattr(target, "_ro", None)
     if ro:
         raise NotImplementedError(f"mncore: cannot write in place through a view made by {ro}")
-    tm = target._m
     if meta[2] != tm[2]:
         if not torch.can_cast(meta[2], tm[2]):
             raise RuntimeError(f"result type {meta[2]} can't be cast to the desired output type {tm[2]}")
@@ -433,9 +459,11 @@ def write(target: LazyTensor, ref: tuple, meta: tuple, what: str = "") -> None:
         except RuntimeError:
             ok = False
         if not ok:
+            hint = (" (an out= tensor cannot be resized on mncore: lazy tensors have static shapes; allocate it "
+                    "with the result's shape or use the functional form)" if target._m[0] == (0,) else "")
             raise RuntimeError(
                 f"output with shape {list(tm[0])} doesn't match the broadcast shape {list(meta[0])}"
-                + (f" ({what})" if what else "")
+                + (f" ({what})" if what else "") + hint
             )
         ref, meta = _emit1(aten.expand.default, (RefArg(ref, meta), list(tm[0])), {})
         ref, meta = _emit1(aten.clone.default, (RefArg(ref, meta),), {})
@@ -520,10 +548,15 @@ def _mutating(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
             return _mixed_write(info, func, args, kwargs)
     if info.functional is not None:
         fkw = {k: v for k, v in kwargs.items() if k not in info.out_names} if info.out_names else kwargs
-        res = _functional(opinfo.info_for(info.functional), info.functional, args, fkw)
-        news = list(res) if isinstance(res, (list, tuple)) else [res]
-        for t, n in zip(targets, news):
-            write(t, n._st.value, n._m, info.name)
+        try:
+            node, entry = _record(opinfo.info_for(info.functional), info.functional, args, fkw)
+        except FallbackNeeded as e:
+            return _fallback(info, func, args, kwargs, str(e))
+        if entry[1] is None:
+            write(targets[0], (node, 0), entry[2][0], info.name)
+        else:
+            for i, (t, m) in enumerate(zip(targets, entry[2])):
+                write(t, (node, i), m, info.name)
         if info.out_names:
             outs = [kwargs[n] for n in info.out_names]
             return outs[0] if len(outs) == 1 else tuple(outs)
@@ -617,6 +650,9 @@ def realize(t: LazyTensor, reason: str) -> torch.Tensor:
     buf = st.value[0].wait()
     for op, args, _ in t._ch:
         buf = views.apply_eager(op, args, buf)
+    shape, stride, _ = t._m
+    if buf.stride() != stride and buf.numel() > 1:  # kernels may pick other layouts; hand back the traced one
+        buf = torch.empty_strided(shape, stride, dtype=buf.dtype, device=buf.device).copy_(buf)
     return buf
 
 
@@ -684,7 +720,7 @@ def _copy_(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
         if src.device.type == "meta":
             raise RuntimeError("mncore: cannot copy from a meta tensor")
         up = from_host(src)
-        if not dst._ch and up._m[0] == dst._m[0] and up._m[2] == dst._m[2]:
+        if not dst._ch and up._m == dst._m:
             write(dst, up._st.value, up._m)
             return dst
         src = up
@@ -701,7 +737,43 @@ def _unsupported(what: str):
     return handler
 
 
+_NO_KWARGS: dict = {}
+_dispatch_cache: dict = {}
+
+
+def _route(func: Any) -> tuple:
+    info = opinfo.info_for(func)
+    return info, _SPECIAL.get(func) or _HANDLERS[info.kind]
+
+
+def _metadata_inplace(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    raise NotImplementedError(
+        f"mncore: {info.name} changes a tensor's shape or strides in place, which lazy tensors (static "
+        f"metadata) cannot do; use the out-of-place form, e.g. x = x.{info.name.split('.')[0].rstrip('_')}(...)"
+    )
+
+
+def _to(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``aten.to.*`` reaches dispatch only in inference mode: no change returns self, else _to_copy."""
+    named = dict(zip(info.arg_names, args))
+    named.update(kwargs)
+    self = named.pop("self")
+    other = named.get("other")
+    dtype = other.dtype if isinstance(other, torch.Tensor) else named.get("dtype")
+    device = other.device if isinstance(other, torch.Tensor) else named.get("device")
+    kw = {}
+    if dtype is not None and dtype != self._m[2]:
+        kw["dtype"] = dtype
+    if device is not None and torch.device(device).type != DEVICE_NAME:
+        kw["device"] = torch.device(device)
+    if not kw and not named.get("copy"):
+        return self
+    return _to_copy(opinfo.info_for(aten._to_copy.default), aten._to_copy.default, (self,), kw)
+
+
 _HANDLERS = {
+    "metadata_inplace": _metadata_inplace,
+    "to": _to,
     "functional": _functional,
     "view": _view,
     "mutating": _mutating,

@@ -66,10 +66,12 @@ class Executor:
         self._last = job
         self._q.put(job)
         mode = settings.execution
+        t0 = timeline.now()
         if mode == "sync":
             job.done.wait()
         elif mode == "async":
             job.prepared.wait()
+        metrics.add("wait_s", timeline.now() - t0)
 
     def wait_all(self) -> None:
         """Block until every submitted job finished; re-raise the first worker error."""

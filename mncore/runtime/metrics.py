@@ -8,7 +8,7 @@ COUNTERS = (
     "traced_ops", "graphs_executed", "compiles", "cache_hits", "implicit_syncs", "fallback_ops",
     "syncs", "bytes_to_device", "bytes_to_host",
 )
-TIMINGS = ("trace_s", "compile_s", "execute_s", "sync_s")
+TIMINGS = ("trace_s", "compile_s", "execute_s", "sync_s", "wait_s")
 
 _lock = threading.Lock()
 _values: Counter = Counter()

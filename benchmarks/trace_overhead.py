@@ -1,0 +1,146 @@
+"""Tracing overhead of lazy mode on pfvm:cpu, printed as medians measured side by side in one run.
+
+Figures (all measured wall time on this machine, backend pfvm:cpu):
+  * MLP step (4 x Linear(512)+ReLU + classifier, batch 64, SGD): us per traced op, trace ms per step;
+  * GPT-2 small (124M, sequence 128, batch 2, AdamW) training step: trace ms per step and us per op,
+    with eager attention + an explicit attention mask (no implicit sync) and in the default config;
+  * lazy/eager step-time ratio of the MLP step at w=64 and w=1024.
+"Trace" is the host time spent inside mncore's tracer (op dispatch, shape inference, graph cut);
+it is measured in execution="sync" mode so that the worker thread does not contend for the GIL.
+
+    python benchmarks/trace_overhead.py [--steps 20] [--warmup 3] [--skip-gpt2] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import torch  # noqa: E402
+
+import mncore  # noqa: E402
+
+
+def _mlp(width: int) -> torch.nn.Module:
+    layers: list[torch.nn.Module] = []
+    for _ in range(4):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+
+
+def _steps(make_step, n: int, warmup: int, lazy: bool) -> dict:
+    """Run ``warmup + n`` steps; per-step wall time, trace time and traced ops (medians)."""
+    for _ in range(warmup):
+        make_step()
+    if lazy:
+        mncore.wait_device_ops()
+    walls, traces, ops, syncs = [], [], [], []
+    for _ in range(n):
+        c0 = mncore.metrics.counters() if lazy else None
+        t0 = time.perf_counter()
+        make_step()
+        if lazy:
+            mncore.wait_device_ops()
+        walls.append(time.perf_counter() - t0)
+        if lazy:
+            c1 = mncore.metrics.counters()
+            traces.append(c1["trace_s"] - c0["trace_s"] + c1["sync_s"] - c0["sync_s"])
+            ops.append(c1["traced_ops"] - c0["traced_ops"])
+            syncs.append(c1["implicit_syncs"] - c0["implicit_syncs"])
+    out = {"step_ms": statistics.median(walls) * 1e3, "step_ms_spread": (max(walls) - min(walls)) * 1e3}
+    if lazy:
+        out.update(trace_ms=statistics.median(traces) * 1e3, ops=statistics.median(ops),
+                   us_per_op=statistics.median(t / o for t, o in zip(traces, ops)) * 1e6,
+                   implicit_syncs=statistics.median(syncs))
+    return out
+
+
+def mlp_step(width: int, device: str):
+    torch.manual_seed(0)
+    model = _mlp(width).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, width), torch.randint(0, 10, (64,))
+
+    def step() -> None:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+        loss.backward()
+        opt.step()
+        if device == "mncore":
+            mncore.sync()
+    return step
+
+
+def gpt2_step(explicit_mask: bool):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config()
+    if explicit_mask:
+        cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(cfg).to("mncore")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, cfg.vocab_size, (2, 128))
+    mask = torch.ones(2, 128, dtype=torch.long) if explicit_mask else None
+
+    def step() -> None:
+        opt.zero_grad()
+        x = ids.to("mncore")
+        out = model(input_ids=x, attention_mask=None if mask is None else mask.to("mncore"), labels=x)
+        out.loss.backward()
+        opt.step()
+        mncore.sync()
+    return step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--skip-gpt2", action="store_true")
+    ap.add_argument("--json", help="also write the figures to this JSON file")
+    args = ap.parse_args()
+    warnings.simplefilter("ignore", mncore.ImplicitSyncWarning)
+    results: dict = {"backend": "pfvm:cpu", "time": "measured wall time", "torch": torch.__version__,
+                     "threads": torch.get_num_threads(), "steps": args.steps}
+
+    mncore.init_cpu(execution="sync")
+    r = _steps(mlp_step(512, "mncore"), args.steps, args.warmup, lazy=True)
+    results["mlp512_trace"] = r
+    print(f"MLP w=512 step: {r['ops']:.0f} traced ops, {r['us_per_op']:.1f} us/op, "
+          f"trace {r['trace_ms']:.2f} ms/step (target <= 10 us/op)", flush=True)
+
+    for w in (64, 1024):
+        mncore.init_cpu(execution="async")
+        lazy = _steps(mlp_step(w, "mncore"), args.steps, args.warmup, lazy=True)
+        eager = _steps(mlp_step(w, "cpu"), args.steps, args.warmup, lazy=False)
+        ratio = lazy["step_ms"] / eager["step_ms"]
+        results[f"mlp{w}_ratio"] = {"lazy_step_ms": lazy["step_ms"], "eager_step_ms": eager["step_ms"], "ratio": ratio}
+        print(f"MLP w={w}: lazy {lazy['step_ms']:.2f} ms/step, eager {eager['step_ms']:.2f} ms/step, "
+              f"lazy/eager {ratio:.2f}x", flush=True)
+
+    if not args.skip_gpt2:
+        mncore.init_cpu(execution="sync")
+        for explicit, label in ((True, "eager attention + explicit mask"), (False, "default config (sdpa)")):
+            n = max(3, args.steps // 4) if not explicit else args.steps
+            r = _steps(gpt2_step(explicit), n, 2, lazy=True)
+            results["gpt2_" + ("explicit" if explicit else "default")] = r
+            print(f"GPT-2 small step [{label}]: {r['ops']:.0f} traced ops, trace {r['trace_ms']:.1f} ms/step, "
+                  f"{r['us_per_op']:.1f} us/op, {r['implicit_syncs']:.0f} implicit syncs/step, "
+                  f"step {r['step_ms']:.0f} ms (target trace <= 20 ms)", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    json.dump(results, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,472 @@
+"""The Context API (MLSDK style): compile a ``dict -> dict`` step once, then call it with no tracing.
+
+Compiling traces the function with the lazy tracer: every registered tensor is temporarily
+swapped (``torch.utils.swap_tensors``) with a lazy twin holding its device value, so the model
+and optimizer the function closes over operate on device tensors; the sample inputs become
+lazy placeholders. The resulting graph goes through the same graph key, compile cache and
+executor as lazy mode. A call binds inputs and registered values to the executable's
+placeholders and submits one job: no op is traced.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from mncore.context.naming import get_tensor_name, set_tensor_name
+from mncore.context.storage import CacheOptions
+from mncore.devices.registry import DeviceSpec, parse
+from mncore.lazy import graph
+from mncore.lazy.ir import Data, Node, Seed
+from mncore.lazy.tensor import ImplicitSyncError, LazyTensor, Storage, tracer, value_of
+from mncore.runtime import metrics
+from mncore.runtime.executor import Job, executor
+from mncore.runtime.state import settings
+
+FLOAT_DTYPES = ("float", "mixed", "half", "double")
+KNOWN_OPTIONS = {"float_dtype": FLOAT_DTYPES}
+
+
+class MNDevice:
+    """A device string: ``pfvm:cpu``, ``pfvm:cuda[:N]`` (``emu2``/``mncore2:*`` with the simulator)."""
+
+    def __init__(self, spec: str):
+        try:
+            self.spec: DeviceSpec = parse(spec)
+        except ValueError as e:
+            raise ValueError(f"MNDevice: {e}") from None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def __repr__(self) -> str:
+        return f"MNDevice({self.spec.name!r})"
+
+
+def _meta(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+def _upload(t: torch.Tensor) -> Data:
+    metrics.add("bytes_to_device", t.numel() * t.element_size())
+    return Data(_meta(t), t.detach().to(settings.exec_device, copy=True))
+
+
+def _describe(t: torch.Tensor) -> str:
+    return get_tensor_name(t) or f"tensor(shape={tuple(t.shape)}, dtype={t.dtype})"
+
+
+class InputError(KeyError):
+    """A call or compile got inputs that do not match the compiled sample (names the key)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class TensorProxy:
+    """A device-resident value: a compiled function's output, an input slot or a registered tensor."""
+
+    def __init__(self, leaf: Data | None, meta: tuple, context: Context | None = None, name: str | None = None):
+        self._leaf_obj = leaf
+        self._meta = meta
+        self._context = context
+        self._name = name
+
+    def _leaf(self) -> Data:
+        if self._name is not None:
+            return self._context._value(self._name)
+        return self._leaf_obj
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size(self._meta[0])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._meta[2]
+
+    def size(self, dim: int | None = None) -> Any:
+        return self.shape if dim is None else self.shape[dim]
+
+    def dim(self) -> int:
+        return len(self._meta[0])
+
+    def cpu(self) -> torch.Tensor:
+        """Wait for the producing job and copy the value to the host."""
+        buf = self._leaf().wait()
+        metrics.add("bytes_to_host", buf.numel() * buf.element_size())
+        return buf.to("cpu", copy=True)
+
+    def item(self) -> Any:
+        return self.cpu().item()
+
+    def numpy(self) -> Any:
+        return self.cpu().numpy()
+
+    def load_from(self, tensor: torch.Tensor, clone: bool = True) -> TensorProxy:
+        """Replace the device value with ``tensor`` (always copied: host edits never leak in)."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"load_from expects a torch.Tensor, got {type(tensor).__name__}")
+        what = self._name or "input proxy"
+        if tuple(tensor.shape) != self._meta[0] or tensor.dtype != self._meta[2]:
+            raise ValueError(f"{what}: expected shape {list(self._meta[0])} {self._meta[2]}, "
+                             f"got {list(tensor.shape)} {tensor.dtype}")
+        leaf = _upload(tensor)
+        if self._name is not None:
+            self._context._values[self._name] = leaf
+        else:
+            self._leaf_obj = leaf
+        return self
+
+    def __repr__(self) -> str:
+        return f"TensorProxy(shape={list(self._meta[0])}, dtype={self._meta[2]})"
+
+
+@dataclass(eq=False)
+class _Binding:
+    kind: str  # 'input' | 'state' | 'const'
+    key: Any  # input key, registered name, or the constant Data leaf
+
+
+class CompiledFunction:
+    """Calling it with a dict submits one job asynchronously and returns a dict of TensorProxy."""
+
+    def __init__(self, context: Context, exe: Any, bindings: list[_Binding], scalars: list, out_specs: dict,
+                 state_updates: dict[str, int], node_metas: list, input_specs: dict, codegen_dir: pathlib.Path):
+        self._context = context
+        self._exe = exe
+        self._bindings = bindings
+        self._scalars = scalars
+        self._out_specs = out_specs
+        self._state_updates = state_updates
+        self._node_metas = node_metas
+        self.input_specs = input_specs
+        self.codegen_dir = codegen_dir
+
+    @property
+    def output_specs(self) -> dict:
+        return {k: self._spec_meta(spec) for k, spec in self._out_specs.items()}
+
+    def _spec_meta(self, spec: tuple) -> tuple:
+        return self._node_metas[spec[1]] if spec[0] == "node" else spec[2]
+
+    def allocate_input_proxy(self) -> dict[str, TensorProxy]:
+        """Device-side input slots (zero-filled) to fill with ``load_from``."""
+        return {k: TensorProxy(Data(m, torch.zeros(m[0], dtype=m[2], device=settings.exec_device)), m)
+                for k, m in self.input_specs.items()}
+
+    def _bind_inputs(self, inputs: Any) -> dict[str, Data]:
+        if not isinstance(inputs, dict):
+            raise TypeError(f"a compiled function takes a dict of tensors, got {type(inputs).__name__}")
+        for k in self.input_specs:
+            if k not in inputs:
+                raise InputError(f"{k} is not in inputs (expected keys: {', '.join(self.input_specs)})")
+        extra = [k for k in inputs if k not in self.input_specs]
+        if extra:
+            raise InputError(f"unexpected input key(s) {', '.join(map(repr, extra))}; "
+                             f"the function was compiled for {', '.join(self.input_specs)}")
+        leaves = {}
+        for k, m in self.input_specs.items():
+            v = inputs[k]
+            if isinstance(v, TensorProxy):
+                got, leaf = v._meta, None
+            elif isinstance(v, torch.Tensor):
+                got, leaf = _meta(v), None
+            else:
+                raise TypeError(f"input {k!r} must be a torch.Tensor or TensorProxy, got {type(v).__name__}")
+            if got[0] != m[0] or got[2] != m[2]:
+                raise ValueError(f"input {k!r}: expected shape {list(m[0])} {m[2]}, got {list(got[0])} {got[2]}")
+            leaves[k] = v._leaf() if isinstance(v, TensorProxy) else (leaf or _upload(v))
+        return leaves
+
+    def __call__(self, inputs: dict) -> dict[str, TensorProxy]:
+        Context.switch_context(self._context)
+        bound = self._bind_inputs(inputs)
+        ctx = self._context
+        leaves = []
+        for b in self._bindings:
+            if b.kind == "input":
+                leaves.append(bound[b.key])
+            elif b.kind == "state":
+                leaves.append(ctx._value(b.key))
+            else:
+                leaves.append(b.key)
+        scalars = [_fresh_seed() if isinstance(s, Seed) else s.value for s in self._scalars]
+        outs = [Data(m) for m in self._node_metas]
+        for o in outs:
+            o.graph = self._exe.name if self._exe else None
+        if self._exe is not None:
+            executor.submit(Job(exe=self._exe, leaves=leaves, scalars=scalars, outs=outs))
+        for name, i in self._state_updates.items():
+            ctx._values[name] = outs[i]
+        result = {}
+        for k, spec in self._out_specs.items():
+            if spec[0] == "node":
+                result[k] = TensorProxy(outs[spec[1]], self._node_metas[spec[1]])
+            else:
+                b = spec[1]
+                leaf = bound[b.key] if b.kind == "input" else ctx._value(b.key) if b.kind == "state" else b.key
+                result[k] = TensorProxy(leaf, spec[2])
+        return result
+
+
+def _fresh_seed() -> int:
+    from mncore.lazy import rng
+
+    return rng.next_seed()
+
+
+class Context:
+    """Owns registered tensors' device values; compiles and runs step functions on its device."""
+
+    _current: Context | None = None
+
+    def __init__(self, device: MNDevice):
+        if not isinstance(device, MNDevice):
+            raise TypeError(f"Context needs an MNDevice, got {type(device).__name__}")
+        self.device = device
+        self._registry: dict[str, torch.Tensor] = {}
+        self._values: dict[str, Data] = {}
+        self._optimizers: list = []
+
+    # -- activation -------------------------------------------------------------------------
+    @classmethod
+    def switch_context(cls, context: Context) -> None:
+        """Make ``context`` current: the previous one's device values go back to the host."""
+        if cls._current is context:
+            return
+        prev = cls._current
+        if prev is not None:
+            prev.synchronize()
+            prev._values.clear()
+        cls._current = context
+        context._activate()
+
+    def _activate(self) -> None:
+        import mncore
+
+        if settings.device != self.device.spec.name:
+            mncore.init(self.device.spec.name, implicit_sync=settings.implicit_sync, execution=settings.execution)
+
+    # -- registry ---------------------------------------------------------------------------
+    def _register(self, t: torch.Tensor, what: str) -> None:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+        name = get_tensor_name(t)
+        if name is None:
+            raise ValueError(f"cannot register an unnamed {what} (shape {list(t.shape)}); name it first with "
+                             "set_tensor_name_in_module(model, 'model') or set_buffer_name_in_optimizer(opt, 'opt')")
+        if name in self._registry:
+            raise ValueError(f"a tensor named {name!r} is already registered in this context")
+        if isinstance(t, LazyTensor):
+            raise ValueError(f"{name!r} is an mncore lazy tensor; register host (CPU) tensors with the Context API")
+        self._registry[name] = t
+
+    def register_param(self, p: torch.Tensor) -> None:
+        self._register(p, "parameter")
+
+    def register_buffer(self, b: torch.Tensor) -> None:
+        self._register(b, "buffer")
+
+    def register_optimizer_buffers(self, optimizer: torch.optim.Optimizer) -> None:
+        """Register every state tensor of ``optimizer`` (named by ``set_buffer_name_in_optimizer``)."""
+        for state in optimizer.state.values():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    self._register(v, "optimizer state tensor")
+        self._optimizers.append(optimizer)
+
+    def _value(self, name: str) -> Data:
+        leaf = self._values.get(name)
+        if leaf is None:
+            leaf = self._values[name] = _upload(self._registry[name])
+        return leaf
+
+    def get_registered_value_proxy(self, t: torch.Tensor) -> TensorProxy:
+        name = get_tensor_name(t)
+        if name is None or self._registry.get(name) is not t:
+            raise ValueError(f"tensor {_describe(t)} is not registered in this context")
+        return TensorProxy(None, _meta(t), self, name)
+
+    def synchronize(self) -> None:
+        """Wait for all work; write every registered tensor's device value back into its host tensor."""
+        executor.wait_all()
+        with torch.no_grad():
+            for name, leaf in self._values.items():
+                host = self._registry[name]
+                buf = leaf.wait()
+                host.copy_(buf.to(host.device))
+                metrics.add("bytes_to_host", buf.numel() * buf.element_size())
+
+    # -- compile ----------------------------------------------------------------------------
+    def compile(self, function: Callable, inputs: dict, codegen_dir: str | os.PathLike,
+                options: dict | None = None, cache_options: CacheOptions | None = None) -> CompiledFunction:
+        """Trace ``function`` once on lazy placeholders shaped like ``inputs`` and compile the graph."""
+        if not callable(function):
+            raise TypeError(f"function must be callable, got {type(function).__name__}")
+        options = _validate_options(options)
+        if cache_options is not None and not isinstance(cache_options, CacheOptions):
+            raise TypeError(f"cache_options must be a CacheOptions, got {type(cache_options).__name__}")
+        _check_dict(inputs, "inputs")
+        Context.switch_context(self)
+        self.cache_options = cache_options
+        codegen_dir = pathlib.Path(codegen_dir)
+        input_specs = {k: _meta(v) for k, v in inputs.items()}
+        placeholders = {k: _upload(v) for k, v in inputs.items()}
+        trace = _Trace(self, placeholders)
+        out = trace.run(function)
+        return trace.finish(out, input_specs, options, codegen_dir)
+
+
+def _validate_options(options: dict | None) -> dict:
+    options = dict(options or {})
+    for k, v in options.items():
+        if k not in KNOWN_OPTIONS:
+            raise ValueError(f"unknown compile option {k!r}; known options: {', '.join(KNOWN_OPTIONS)}")
+        if v not in KNOWN_OPTIONS[k]:
+            raise ValueError(f"option {k}={v!r} is invalid; choose one of {', '.join(KNOWN_OPTIONS[k])}")
+    options.setdefault("float_dtype", "float")
+    return options
+
+
+def _check_dict(d: Any, what: str) -> None:
+    if not isinstance(d, dict):
+        raise TypeError(f"{what} must be a dict[str, Tensor], got {type(d).__name__}")
+    for k, v in d.items():
+        if not isinstance(k, str) or not k:
+            raise ValueError(f"{what} keys must be non-empty strings, got {k!r}")
+        if not isinstance(v, torch.Tensor):
+            raise TypeError(f"{what}[{k!r}] must be a torch.Tensor, got {type(v).__name__}")
+
+
+class _Trace:
+    """One tracing session: swaps registered tensors with lazy twins and restores them afterwards."""
+
+    def __init__(self, context: Context, placeholders: dict[str, Data]):
+        self.ctx = context
+        self.placeholders = placeholders
+        self.twins: dict[str, LazyTensor] = {}
+        self.opt_state_sizes = [sum(len(s) for s in o.state.values()) + len(o.state) for o in context._optimizers]
+
+    def _twin(self, name: str, host: torch.Tensor) -> LazyTensor:
+        leaf = self.ctx._value(name)
+        twin = LazyTensor(leaf.meta, Storage((leaf, 0), leaf.meta))
+        if host.requires_grad:
+            twin.requires_grad_(True)
+        if isinstance(host, torch.nn.Parameter):
+            twin._is_param = True
+        set_tensor_name(twin, name)
+        return twin
+
+    def run(self, function: Callable) -> Any:
+        saved_pending, saved_mode = tracer.pending, settings.implicit_sync
+        tracer.pending = weakref.WeakSet()
+        tracer.capture = []
+        settings.implicit_sync = "error"
+        swapped: list[tuple[torch.Tensor, LazyTensor]] = []
+        try:
+            for name, host in self.ctx._registry.items():
+                twin = self._twin(name, host)
+                torch.utils.swap_tensors(host, twin)
+                swapped.append((host, twin))
+                self.twins[name] = twin
+            lazy_inputs = {k: _placeholder(leaf) for k, leaf in self.placeholders.items()}
+            try:
+                out = function(lazy_inputs)
+            except ImplicitSyncError as e:
+                raise RuntimeError(
+                    "a compiled function cannot read tensor values on the host (.item(), .cpu(), bool(), "
+                    f"data-dependent shapes) because it is compiled once and replayed: {e}"
+                ) from None
+            return out
+        finally:
+            for host, twin in reversed(swapped):
+                torch.utils.swap_tensors(host, twin)
+            self.constants = tracer.capture
+            tracer.capture = None
+            tracer.pending = saved_pending
+            tracer.epoch += 1
+            settings.implicit_sync = saved_mode
+
+    def finish(self, out: Any, input_specs: dict, options: dict, codegen_dir: pathlib.Path) -> CompiledFunction:
+        if not isinstance(out, dict):
+            raise TypeError(f"the compiled function must return a dict[str, Tensor], got {type(out).__name__}")
+        for k, v in out.items():
+            if not isinstance(k, str) or not k:
+                raise ValueError(f"output keys must be non-empty strings, got {k!r}")
+            if not isinstance(v, LazyTensor):
+                raise TypeError(f"output {k!r} must be a tensor computed from the inputs or registered tensors, "
+                                f"got {type(v).__name__}")
+        sizes = [sum(len(s) for s in o.state.values()) + len(o.state) for o in self.ctx._optimizers]
+        if sizes != self.opt_state_sizes:
+            raise RuntimeError("the compiled function created new optimizer state; allocate it before compiling "
+                               "(use MNCoreSGD/MNCoreAdam/MNCoreAdamW) and register it with register_optimizer_buffers")
+        refs: list[tuple] = []
+        metas: list[tuple] = []
+        out_specs: dict[str, tuple] = {}
+        leaf_binding = {id(leaf): _Binding("input", k) for k, leaf in self.placeholders.items()}
+        initial = {name: twin._st.value for name, twin in self.twins.items()}
+        for name, (leaf, _) in initial.items():
+            leaf_binding[id(leaf)] = _Binding("state", name)
+
+        def add_ref(ref: tuple, meta: tuple) -> int:
+            refs.append(ref)
+            metas.append(meta)
+            return len(refs) - 1
+
+        for k, v in out.items():
+            ref = value_of(v)
+            if type(ref[0]) is Node:
+                out_specs[k] = ("node", add_ref(ref, v._m))
+            else:
+                out_specs[k] = ("leaf", leaf_binding.get(id(ref[0]), _Binding("const", ref[0])), v._m)
+        state_updates = {}
+        for name, twin in self.twins.items():
+            ref = twin._st.value
+            if ref is not initial[name] and type(ref[0]) is Node:
+                state_updates[name] = add_ref(ref, twin._st.meta)
+        exe, leaves, scalars = (graph.build(refs, options=tuple(sorted(options.items()))) if refs else (None, [], []))
+        bindings = [leaf_binding.get(id(leaf), _Binding("const", leaf)) for leaf in leaves]
+        consts = [c for c in self.constants]
+        if consts:
+            warnings.warn("Context.compile: these tensors are read by the function but are neither inputs nor "
+                          "registered, so their current values are frozen into the compiled function: "
+                          + ", ".join(consts), stacklevel=3)
+        _write_codegen_dir(codegen_dir, exe, input_specs, out_specs, metas, state_updates, options, consts)
+        return CompiledFunction(self.ctx, exe, bindings, scalars, out_specs, state_updates, metas, input_specs,
+                                codegen_dir)
+
+
+def _placeholder(leaf: Data) -> LazyTensor:
+    return LazyTensor(leaf.meta, Storage((leaf, 0), leaf.meta))
+
+
+def _spec_json(meta: tuple) -> dict:
+    return {"shape": list(meta[0]), "dtype": str(meta[2]).replace("torch.", "")}
+
+
+def _write_codegen_dir(path: pathlib.Path, exe: Any, input_specs: dict, out_specs: dict, metas: list,
+                       state_updates: dict, options: dict, consts: list) -> None:
+    """A readable record of what was compiled (manifest + FX code); the compiler issue extends it."""
+    path.mkdir(parents=True, exist_ok=True)
+    manifest = {
+        "graph": exe.name if exe else None,
+        "nodes": exe.n_nodes if exe else 0,
+        "device": settings.device,
+        "options": options,
+        "torch": torch.__version__,
+        "inputs": {k: _spec_json(m) for k, m in input_specs.items()},
+        "outputs": {k: _spec_json(metas[s[1]] if s[0] == "node" else s[2]) for k, s in out_specs.items()},
+        "state_updates": sorted(state_updates),
+        "frozen_constants": consts,
+    }
+    (path / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    if exe is not None:
+        (path / "graph.py").write_text(exe.gm.code)
