@@ -1,0 +1,1 @@
+"""One module per model family; each exports ``SPECS: list[ModelSpec]``."""
