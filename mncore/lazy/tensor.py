@@ -55,6 +55,7 @@ class _Tracer:
         self.sigs: list = []
         self.record_frames = False
         self.capture: list | None = None  # Context API tracing: host tensors read become constants
+        self.observers: list = []  # callables (op, args, kwargs) told about every traced op
 
 
 tracer = _Tracer()
@@ -68,6 +69,11 @@ class RefArg:
     def __init__(self, ref: tuple, meta: tuple):
         self.ref = ref
         self._m = meta
+
+
+def arg_meta(a: Any) -> tuple | None:
+    """(shape, stride, dtype) of a traced tensor argument (LazyTensor or internal value), else None."""
+    return a._m if isinstance(a, (LazyTensor, RefArg)) else None
 
 
 def _meta_of(t: torch.Tensor) -> tuple:
@@ -334,6 +340,9 @@ def _record(info: Any, target: Any, args: tuple, kwargs: dict) -> tuple[Node, tu
     sigs: list = []
     targs, tkw = _norm_call(info, args, kwargs, inputs, sigs)
     entry = _entry(target, targs, tkw, inputs, sigs)
+    if tracer.observers:
+        for observe in tracer.observers:
+            observe(info.op if not isinstance(target, MutateFn) else target.op, args, kwargs)
     if info.random:
         if not rng.supported(info.op, info.has_generator):
             raise FallbackNeeded(f"random op {info.name} has no generator argument")

@@ -1,0 +1,1 @@
+"""The harness: the ``harness`` command, runners, comparisons and op-test input generation."""

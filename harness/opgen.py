@@ -1,0 +1,160 @@
+"""Turn a shape-registry row back into a runnable op call with valid inputs.
+
+Values are drawn from the row's recorded ranges, so indices stay in range (they were valid in
+the real run) and domain-restricted ops (log, sqrt, probabilities) get in-domain inputs; rows
+recorded only by the lazy tracer have no ranges and fall back to standard normal floats and, for
+integer tensors that index another argument, ``[0, size of the indexed dim)``. Non-contiguous
+layouts are rebuilt with the recorded strides.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from shape_registry.format import Entry
+
+_SORT_LIKE = ("sort", "topk", "kthvalue", "mode", "median", "max.dim", "min.dim", "cummax", "cummin", "argsort")
+
+
+def resolve_op(name: str) -> Any:
+    """``aten.addmm.default`` -> the OpOverload; a clear error for ops this torch lacks."""
+    try:
+        ns, op, overload = name.split(".", 2)
+        return getattr(getattr(getattr(torch.ops, ns), op), overload)
+    except (ValueError, AttributeError):
+        raise LookupError(f"op {name!r} does not exist in torch {torch.__version__}") from None
+
+
+def is_random(op: Any) -> bool:
+    return torch.Tag.nondeterministic_seeded in op.tags
+
+
+def index_outputs_unstable(op_name: str) -> bool:
+    """Sort-like ops may order ties differently: compare their values, not their indices."""
+    base = op_name.split(".", 1)[1]
+    return any(base.startswith(s) for s in _SORT_LIKE)
+
+
+def _dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r} in registry row")
+    return dt
+
+
+def _values(spec: dict, g: torch.Generator, sizes_of: dict) -> torch.Tensor:
+    shape, dtype = spec["shape"], _dtype(spec["dtype"])
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) < spec.get("true_frac", 0.5)
+    lo_hi = spec.get("range")
+    if "indexes" in spec:
+        target, dim = spec["indexes"]
+        size = sizes_of.get(target, [None])
+        bound = size[dim] if isinstance(size, list) and len(size) > dim else None
+        if lo_hi is None and bound is not None:
+            lo_hi = [0, bound - 1]
+        elif lo_hi is not None and bound is not None:
+            lo_hi = [lo_hi[0], min(lo_hi[1], bound - 1)]
+    if dtype.is_floating_point or dtype.is_complex:
+        if lo_hi is None:
+            return torch.randn(shape, generator=g).to(dtype)
+        lo, hi = float(lo_hi[0]), float(lo_hi[1])
+        return (torch.rand(shape, generator=g, dtype=torch.float64) * (hi - lo) + lo).to(dtype)
+    lo, hi = (0, 1) if lo_hi is None else (int(lo_hi[0]), int(lo_hi[1]))
+    ignore = sizes_of.get("__ignore_index__")
+    if "indexes" in spec and lo < 0:
+        # Negative recorded indices are the op's ignore_index (e.g. nll_loss's -100 padding labels):
+        # draw valid indices and mark a tenth of them as ignored, as the real batch did.
+        out = torch.randint(0, hi + 1, shape, generator=g)
+        if ignore is not None and ignore < 0 and out.numel():
+            out[torch.rand(shape, generator=g) < 0.1] = ignore
+        return out.to(dtype)
+    return torch.randint(lo, hi + 1, shape, generator=g).to(dtype)
+
+
+def _tensor(spec: dict, g: torch.Generator, sizes_of: dict) -> torch.Tensor:
+    vals = _values(spec, g, sizes_of)
+    if spec.get("contiguous", True):
+        return vals
+    stride = spec["stride"]
+    out = torch.empty_strided(spec["shape"], stride, dtype=vals.dtype)
+    out.copy_(vals)
+    return out
+
+
+def _build(arg: Any, g: torch.Generator, sizes_of: dict, device: torch.device) -> Any:
+    t = arg.get("t") if isinstance(arg, dict) else None
+    if t == "tensor":
+        return _tensor(arg, g, sizes_of)
+    if t == "list":
+        return [_build(a, g, sizes_of, device) for a in arg["items"]]
+    if t == "dtype":
+        return _dtype(arg["v"])
+    if t == "device":
+        return device
+    if t == "layout":
+        return getattr(torch, arg["v"])
+    if t == "memory_format":
+        return getattr(torch, arg["v"])
+    if t == "float" and isinstance(arg["v"], str):
+        return float(arg["v"])
+    return arg["v"]
+
+
+def make_inputs(entry: Entry, seed: int = 0) -> tuple[list, dict]:
+    """CPU arguments for ``entry`` (device arguments say cpu; move them with ``to_device``)."""
+    op = resolve_op(entry.op)
+    names = [a.name for a in op._schema.arguments]
+    sizes_of = {n: a.get("shape") for n, a in zip(names, entry.args) if isinstance(a, dict)}
+    sizes_of.update({k: v.get("shape") for k, v in entry.kwargs.items() if isinstance(v, dict)})
+    named = dict(zip(names, entry.args), **entry.kwargs)
+    if isinstance(named.get("ignore_index"), dict):
+        sizes_of["__ignore_index__"] = named["ignore_index"].get("v")
+    g = torch.Generator().manual_seed(seed)
+    cpu = torch.device("cpu")
+    args = [_build(a, g, sizes_of, cpu) for a in entry.args]
+    kwargs = {k: _build(v, g, sizes_of, cpu) for k, v in entry.kwargs.items()}
+    return args, kwargs
+
+
+def to_device(x: Any, device: str) -> Any:
+    """Move tensors (keeping strides) and device arguments to ``device``."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, torch.device):
+        return torch.device(device)
+    if isinstance(x, list):
+        return [to_device(a, device) for a in x]
+    if isinstance(x, dict):
+        return {k: to_device(v, device) for k, v in x.items()}
+    return x
+
+
+def clone(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+        return out.copy_(x)
+    if isinstance(x, list):
+        return [clone(a) for a in x]
+    if isinstance(x, dict):
+        return {k: clone(v) for k, v in x.items()}
+    return x
+
+
+def describe(entry: Entry) -> str:
+    """A readable pytest id: op and shapes, e.g. ``aten.addmm.default[f32(64)|f32(64,512)|f32(512,64)]``."""
+    def one(a: Any) -> str:
+        if isinstance(a, dict) and a.get("t") == "tensor":
+            d = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int64": "i64",
+                 "int32": "i32", "bool": "b8", "uint8": "u8", "int8": "i8"}.get(a["dtype"], a["dtype"])
+            return f"{d}({','.join(map(str, a['shape']))}){'' if a.get('contiguous', True) else 'nc'}"
+        if isinstance(a, dict) and a.get("t") == "list":
+            inner = [one(x) for x in a["items"]]
+            return f"[{len(inner)}x{inner[0]}]" if inner and len(set(inner)) == 1 and len(inner) > 3 else "[" + ",".join(inner) + "]"
+        if isinstance(a, dict):
+            return str(a.get("v"))
+        return str(a)
+    parts = [one(a) for a in entry.args] + [f"{k}={one(v)}" for k, v in entry.kwargs.items()]
+    text = "|".join(parts)
+    return f"{entry.op}[{text[:150]}]"
