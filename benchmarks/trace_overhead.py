@@ -62,6 +62,42 @@ def _steps(make_step, n: int, warmup: int, lazy: bool) -> dict:
     return out
 
 
+class _NoOpWrapper(torch.Tensor):
+    """The cheapest possible __torch_dispatch__ wrapper subclass: the floor any Python tracer pays."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, shape):
+        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.float32, device="cpu")
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _NoOpWrapper(args[0].shape)
+
+
+def per_op_floor(n: int = 20000) -> dict:
+    """us per `x + x` for a no-op wrapper subclass vs mncore's tracer (same shapes, same run)."""
+    out = {}
+    noop = _NoOpWrapper((64, 64))
+    noop_g = _NoOpWrapper((64, 64)).requires_grad_()
+    lazy = torch.randn(64, 64).to("mncore")
+    lazy_g = torch.randn(64, 64).to("mncore").requires_grad_()
+    for name, x in (("noop_wrapper", noop), ("noop_wrapper_autograd", noop_g), ("mncore", lazy),
+                    ("mncore_autograd", lazy_g)):
+        samples = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(n // 5):
+                x + x
+            samples.append((time.perf_counter() - t0) / (n // 5) * 1e6)
+            if "mncore" in name:
+                mncore.sync()
+        out[name] = statistics.median(samples)
+    mncore.wait_device_ops()
+    return out
+
+
 def mlp_step(width: int, device: str):
     torch.manual_seed(0)
     model = _mlp(width).to(device)
@@ -112,6 +148,10 @@ def main() -> None:
                      "threads": torch.get_num_threads(), "steps": args.steps}
 
     mncore.init_cpu(execution="sync")
+    floor = per_op_floor()
+    results["per_op_floor_us"] = floor
+    print("us per `x + x`: " + ", ".join(f"{k} {v:.1f}" for k, v in floor.items())
+          + "  (a no-op __torch_dispatch__ wrapper is the floor of any Python tracer)", flush=True)
     r = _steps(mlp_step(512, "mncore"), args.steps, args.warmup, lazy=True)
     results["mlp512_trace"] = r
     print(f"MLP w=512 step: {r['ops']:.0f} traced ops, {r['us_per_op']:.1f} us/op, "
