@@ -30,18 +30,6 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[1]
 RTOL, ATOL = 1e-5, 1e-6  # float32: same kernels, only summation order may differ
 
-# Bug 1 (mncore/context/api.py, _Trace.finish): ``initial = {name: twin._st.value ...}`` is read
-# *after* tracing, when the Storage shared through swap_tensors already holds the updated value.
-# So no registered tensor is ever recorded in ``state_updates`` (optimizer steps, in-place
-# updates are dropped from the graph) and the registered inputs are bound as frozen constants
-# instead of "state" bindings. A compiled train step therefore never trains.
-STATE_UPDATES_LOST = (
-    "Context.compile drops every update of a registered tensor: _Trace.finish (mncore/context/api.py) "
-    "snapshots the registered twins' initial values after the function ran, so state_updates is always "
-    "empty and registered tensors are bound as frozen constants; parameters never change"
-)
-
-
 def _assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str = "", rtol: float = RTOL,
                   atol: float = ATOL) -> None:
     torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
@@ -116,7 +104,6 @@ def test_example_mlp_train_runs(example_runs):
     assert torch.isfinite(torch.tensor(loss)) and torch.isfinite(bias).all()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=STATE_UPDATES_LOST)
 def test_example_mlp_train_matches_eager(example_runs):
     """The program's printed last loss and model[2].bias equal the same loop run eagerly."""
     rc, stdout, stderr = example_runs["mlp_train"]
@@ -186,7 +173,6 @@ def _context_train(context: Context, model: torch.nn.Module, opt: torch.optim.Op
     return [l.item() for l in losses], step
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=STATE_UPDATES_LOST)
 @pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
 def test_compiled_training_matches_eager_and_lazy(ctx, tmp_path, opt_name):
     make_ctx_opt, make_ref_opt = OPTIMIZERS[opt_name]
@@ -212,7 +198,6 @@ def test_compiled_training_matches_eager_and_lazy(ctx, tmp_path, opt_name):
         _assert_close(state[k], lazy_state[k], f"{k} vs lazy")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=STATE_UPDATES_LOST)
 def test_synchronize_writes_trained_values_to_host(ctx, tmp_path, capsys):
     torch.manual_seed(0)
     base = _mlp()
@@ -252,9 +237,8 @@ def test_synchronize_writes_loaded_registered_value_to_host(ctx, tmp_path):
     assert torch.equal(w.detach(), new)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=STATE_UPDATES_LOST)
 def test_in_place_update_of_registered_tensor_persists(ctx, tmp_path):
-    """The smallest form of bug 1: ``w.add_(x)`` under no_grad inside the compiled function."""
+    """An in-place update of a registered tensor inside the compiled function persists across calls."""
     w = torch.nn.Parameter(torch.zeros(3))
     set_tensor_name(w, "w")
     ctx.register_param(w)
@@ -452,11 +436,6 @@ def test_item_inside_compiled_function_raises(ctx, tmp_path):
     _check_add(ctx.compile(_add, _add_sample(), tmp_path / "add"))
 
 
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=(
-    "Bug 2: .item() on an input placeholder or a registered tensor inside a compiled function is not "
-    "refused: tensor.realize() only treats a pending Node as a host read (implicit_sync), but during "
-    "Context tracing placeholders are Data leaves holding the *sample* values, so the sample's value is "
-    "silently baked into the graph"))
 def test_item_of_an_input_inside_compiled_function_raises(ctx, tmp_path):
     def scale_by_item(i: dict) -> dict:
         return {"out": i["x"] * i["s"].item()}
@@ -491,12 +470,37 @@ def test_new_optimizer_state_during_compile_is_refused(ctx, tmp_path):
     _check_add(ctx.compile(_add, _add_sample(), tmp_path / "add"))
 
 
+def test_refused_optimizer_compile_leaves_optimizer_usable(ctx, tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    ref = copy.deepcopy(model)
+    set_tensor_name_in_module(model, "model")
+    for p in model.parameters():
+        ctx.register_param(p)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    ctx.register_optimizer_buffers(opt)
+
+    def step(i: dict) -> dict:
+        opt.zero_grad()
+        loss = model(i["x"]).square().mean()
+        loss.backward()
+        opt.step()
+        return {"loss": loss}
+
+    with pytest.raises(RuntimeError, match="created new optimizer state"):
+        ctx.compile(step, {"x": torch.randn(3, 4)}, tmp_path / "adam")
+    leaked = [k for st in opt.state.values() for k, v in st.items() if isinstance(v, mncore.LazyTensor)]
+    assert not leaked, f"optimizer state left on the device after the refused compile: {leaked}"
+    x = torch.randn(3, 4)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-3)
+    for m, o in ((model, opt), (ref, ref_opt)):
+        o.zero_grad()
+        m(x).square().mean().backward()
+        o.step()
+    _assert_close(model.weight.detach(), ref.weight.detach(), "eager step after the refused compile")
+
+
 @pytest.mark.filterwarnings("ignore::mncore.ImplicitSyncWarning")  # pytest's repr of the traceback locals
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
-    "Bug 3: returning a registered tensor itself (e.g. {'w': model.weight}) fails with a misleading "
-    "TypeError 'must be a tensor computed from the inputs or registered tensors, got Parameter': "
-    "_Trace.run swaps the host objects back before _Trace.finish inspects the outputs, so the returned "
-    "object is the CPU host tensor again (mncore/context/api.py)"))
 def test_return_registered_tensor(ctx, tmp_path):
     w = torch.nn.Parameter(torch.randn(3))
     set_tensor_name(w, "w")
@@ -508,20 +512,12 @@ def test_return_registered_tensor(ctx, tmp_path):
     _assert_close(out["y"].cpu(), x + w.detach(), "y")
 
 
-BUFFER_SAVED_FOR_BACKWARD = (
-    "Bug 5: compiling a grad-enabled function whose returned output's autograd graph saved a registered "
-    "non-grad tensor (a buffer: x * w * buf, BatchNorm running stats) fails with 'It is not possible to get "
-    "the gradient edge for a Tensor that does not require gradients': torch.utils.swap_tensors in the "
-    "restore loop of _Trace.run (mncore/context/api.py) refuses a tensor with use_count 2 that does not "
-    "require grad; the loop aborts half way and leaves registered host tensors swapped with LazyTensors"
-)
 
 
 def _leaked(named: list) -> list[str]:
     return [n for n, t in named if isinstance(t, mncore.LazyTensor)]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=BUFFER_SAVED_FOR_BACKWARD)
 def test_output_whose_graph_saved_a_registered_buffer(ctx, tmp_path):
     w = torch.nn.Parameter(torch.tensor([1.0, 2.0, 3.0]))
     buf = torch.tensor([2.0, 0.5, -1.0])
@@ -532,7 +528,7 @@ def test_output_whose_graph_saved_a_registered_buffer(ctx, tmp_path):
     try:
         compiled = ctx.compile(lambda i: {"y": i["x"] * w * buf}, {"x": torch.zeros(3)}, tmp_path / "saved")
     except RuntimeError as e:
-        assert not _leaked([("w", w), ("buf", buf)]), f"the failed compile left w/buf swapped with LazyTensors"
+        assert not _leaked([("w", w), ("buf", buf)]), "the failed compile left w/buf swapped with LazyTensors"
         raise AssertionError(f"compile failed: {e}") from e
     x = torch.randn(3)
     _assert_close(compiled({"x": x})["y"].cpu(), x * w.detach() * buf, "y")
@@ -540,8 +536,7 @@ def test_output_whose_graph_saved_a_registered_buffer(ctx, tmp_path):
 
 @pytest.mark.parametrize("grad", [
     pytest.param(False, id="no_grad"),
-    pytest.param(True, id="grad-enabled",
-                 marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=BUFFER_SAVED_FOR_BACKWARD)),
+    pytest.param(True, id="grad-enabled"),
 ])
 def test_batchnorm_eval_forward_matches_eager(ctx, tmp_path, grad):
     """An eval step through BatchNorm (eval mode) with registered parameters and buffers."""
@@ -673,7 +668,6 @@ def test_passthrough_and_view_outputs(ctx, tmp_path):
 # 7. two contexts sharing a model
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=STATE_UPDATES_LOST)
 def test_switching_train_and_eval_contexts(tmp_path):
     torch.manual_seed(0)
     base = _mlp()
@@ -790,11 +784,6 @@ def test_unregistered_model_parameters_are_frozen(ctx, tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:Context.compile:UserWarning")
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=(
-    "Bug 4: the frozen-constants warning does not name an unregistered nn.Linear weight: F.linear runs "
-    "weight.t() on the host tensor before the lazy op sees it, and tensor._describe_host only looks at the "
-    "tensor's own name, not its view base's, so the warning lists 'tensor(shape=[4, 3], ...)' (the "
-    "transposed shape) instead of 'model.weight' (mncore/lazy/tensor.py, _norm/_describe_host)"))
 def test_frozen_warning_names_unregistered_linear_weight(ctx, tmp_path):
     model = torch.nn.Linear(4, 3)
     set_tensor_name_in_module(model, "model")
@@ -873,7 +862,6 @@ def test_codegen_dir_manifest(ctx, tmp_path):
     _assert_close(out["probs"].cpu(), x.softmax(dim=1).to(torch.float64), "probs")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=STATE_UPDATES_LOST)
 def test_codegen_manifest_lists_state_updates(ctx, tmp_path):
     """With registered parameters and an optimizer the manifest names the updated state."""
     torch.manual_seed(0)

@@ -321,8 +321,8 @@ class Context:
         input_specs = {k: _meta(v) for k, v in inputs.items()}
         placeholders = {k: _upload(v) for k, v in inputs.items()}
         trace = _Trace(self, placeholders)
-        out = trace.run(function)
-        return trace.finish(out, input_specs, options, codegen_dir)
+        outs, states, consts = trace.run(function)
+        return trace.finish(outs, states, consts, input_specs, options, codegen_dir)
 
 
 def _validate_options(options: dict | None) -> dict:
@@ -347,13 +347,19 @@ def _check_dict(d: Any, what: str) -> None:
 
 
 class _Trace:
-    """One tracing session: swaps registered tensors with lazy twins and restores them afterwards."""
+    """One tracing session: swaps registered tensors with lazy twins and restores them afterwards.
+
+    Everything that needs the lazy view of the world (output values, registered tensors' final
+    values) is read while the twins are still swapped in; the autograd graph of the outputs is
+    dropped before restoring, because saved tensors pin the swapped objects.
+    """
 
     def __init__(self, context: Context, placeholders: dict[str, Data]):
         self.ctx = context
         self.placeholders = placeholders
         self.twins: dict[str, LazyTensor] = {}
-        self.opt_state_sizes = [sum(len(s) for s in o.state.values()) + len(o.state) for o in context._optimizers]
+        self.initial: dict[str, tuple] = {}
+        self.opt_snapshot = [(o, {p: dict(st) for p, st in o.state.items()}) for o in context._optimizers]
 
     def _twin(self, name: str, host: torch.Tensor) -> LazyTensor:
         leaf = self.ctx._value(name)
@@ -363,9 +369,11 @@ class _Trace:
         if isinstance(host, torch.nn.Parameter):
             twin._is_param = True
         set_tensor_name(twin, name)
+        self.initial[name] = twin._st.value
         return twin
 
-    def run(self, function: Callable) -> Any:
+    def run(self, function: Callable) -> tuple[dict, dict, list]:
+        """Trace ``function``; returns (output refs+metas, state update refs+metas, frozen constants)."""
         saved_pending, saved_mode = tracer.pending, settings.implicit_sync
         tracer.pending = weakref.WeakSet()
         tracer.capture = []
@@ -376,7 +384,7 @@ class _Trace:
                 twin = self._twin(name, host)
                 torch.utils.swap_tensors(host, twin)
                 swapped.append((host, twin))
-                self.twins[name] = twin
+                self.twins[name] = host  # the host object holds the lazy twin while swapped
             lazy_inputs = {k: _placeholder(leaf) for k, leaf in self.placeholders.items()}
             try:
                 out = function(lazy_inputs)
@@ -385,35 +393,62 @@ class _Trace:
                     "a compiled function cannot read tensor values on the host (.item(), .cpu(), bool(), "
                     f"data-dependent shapes) because it is compiled once and replayed: {e}"
                 ) from None
-            return out
+            self._check_optimizers()
+            outs = self._outputs(out)
+            states = {name: (obj._st.value, obj._st.meta) for name, obj in self.twins.items()
+                      if obj._st.value is not self.initial[name]}
+            out = lazy_inputs = None  # drop the autograd graph: saved tensors pin the swapped objects
+            return outs, states, list(tracer.capture)
         finally:
+            errors = []
             for host, twin in reversed(swapped):
-                torch.utils.swap_tensors(host, twin)
-            self.constants = tracer.capture
+                try:
+                    torch.utils.swap_tensors(host, twin)
+                except Exception as e:  # noqa: BLE001 - restore the rest, then report
+                    errors.append(f"{get_tensor_name(twin) or get_tensor_name(host)}: {e}")
             tracer.capture = None
             tracer.pending = saved_pending
             tracer.epoch += 1
             settings.implicit_sync = saved_mode
+            if errors:
+                raise RuntimeError("Context.compile could not give registered tensors back to the host: "
+                                   + "; ".join(errors) + " (is a tensor produced by the function kept alive "
+                                   "with its autograd graph?)")
 
-    def finish(self, out: Any, input_specs: dict, options: dict, codegen_dir: pathlib.Path) -> CompiledFunction:
+    def _check_optimizers(self) -> None:
+        for opt, snap in self.opt_snapshot:
+            grew = [p for p, st in opt.state.items() if p not in snap or set(st) != set(snap[p])]
+            if grew:
+                for p in list(opt.state):  # roll back: the lazy state created while tracing is not kept
+                    if p in snap:
+                        opt.state[p] = snap[p]
+                    else:
+                        del opt.state[p]
+                raise RuntimeError(
+                    "the compiled function created new optimizer state; allocate it before compiling "
+                    "(use MNCoreSGD/MNCoreAdam/MNCoreAdamW) and register it with register_optimizer_buffers")
+
+    @staticmethod
+    def _outputs(out: Any) -> dict[str, tuple]:
         if not isinstance(out, dict):
             raise TypeError(f"the compiled function must return a dict[str, Tensor], got {type(out).__name__}")
+        refs = {}
         for k, v in out.items():
             if not isinstance(k, str) or not k:
                 raise ValueError(f"output keys must be non-empty strings, got {k!r}")
             if not isinstance(v, LazyTensor):
                 raise TypeError(f"output {k!r} must be a tensor computed from the inputs or registered tensors, "
                                 f"got {type(v).__name__}")
-        sizes = [sum(len(s) for s in o.state.values()) + len(o.state) for o in self.ctx._optimizers]
-        if sizes != self.opt_state_sizes:
-            raise RuntimeError("the compiled function created new optimizer state; allocate it before compiling "
-                               "(use MNCoreSGD/MNCoreAdam/MNCoreAdamW) and register it with register_optimizer_buffers")
+            refs[k] = (value_of(v), v._m)
+        return refs
+
+    def finish(self, outs: dict, states: dict, consts: list, input_specs: dict, options: dict,
+               codegen_dir: pathlib.Path) -> CompiledFunction:
         refs: list[tuple] = []
         metas: list[tuple] = []
         out_specs: dict[str, tuple] = {}
         leaf_binding = {id(leaf): _Binding("input", k) for k, leaf in self.placeholders.items()}
-        initial = {name: twin._st.value for name, twin in self.twins.items()}
-        for name, (leaf, _) in initial.items():
+        for name, (leaf, _) in self.initial.items():
             leaf_binding[id(leaf)] = _Binding("state", name)
 
         def add_ref(ref: tuple, meta: tuple) -> int:
@@ -421,24 +456,18 @@ class _Trace:
             metas.append(meta)
             return len(refs) - 1
 
-        for k, v in out.items():
-            ref = value_of(v)
+        for k, (ref, meta) in outs.items():
             if type(ref[0]) is Node:
-                out_specs[k] = ("node", add_ref(ref, v._m))
+                out_specs[k] = ("node", add_ref(ref, meta))
             else:
-                out_specs[k] = ("leaf", leaf_binding.get(id(ref[0]), _Binding("const", ref[0])), v._m)
-        state_updates = {}
-        for name, twin in self.twins.items():
-            ref = twin._st.value
-            if ref is not initial[name] and type(ref[0]) is Node:
-                state_updates[name] = add_ref(ref, twin._st.meta)
+                out_specs[k] = ("leaf", leaf_binding.get(id(ref[0]), _Binding("const", ref[0])), meta)
+        state_updates = {name: add_ref(ref, meta) for name, (ref, meta) in states.items() if type(ref[0]) is Node}
         exe, leaves, scalars = (graph.build(refs, options=tuple(sorted(options.items()))) if refs else (None, [], []))
         bindings = [leaf_binding.get(id(leaf), _Binding("const", leaf)) for leaf in leaves]
-        consts = [c for c in self.constants]
         if consts:
             warnings.warn("Context.compile: these tensors are read by the function but are neither inputs nor "
                           "registered, so their current values are frozen into the compiled function: "
-                          + ", ".join(consts), stacklevel=3)
+                          + ", ".join(dict.fromkeys(consts)), stacklevel=3)
         _write_codegen_dir(codegen_dir, exe, input_specs, out_specs, metas, state_updates, options, consts)
         return CompiledFunction(self.ctx, exe, bindings, scalars, out_specs, state_updates, metas, input_specs,
                                 codegen_dir)

@@ -250,6 +250,9 @@ def _norm(a: Any, inputs: list, sigs: list, lift: bool) -> Any:
 
 def _describe_host(t: torch.Tensor) -> str:
     name = t.__dict__.get("_mncore_name")
+    base = t._base
+    if name is None and base is not None and base.__dict__.get("_mncore_name"):
+        return f"{base.__dict__['_mncore_name']} (through a view)"
     return name or f"tensor(shape={list(t.shape)}, dtype={t.dtype}, device={t.device})"
 
 
@@ -597,6 +600,11 @@ def _mutating(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
 
 def _mixed_write(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     """An op writing into a host tensor from device tensors: read the device values first."""
+    if tracer.capture is not None:
+        hosts = [_describe_host(t) for t in _mutated_targets(info, args, kwargs)
+                 if isinstance(t, torch.Tensor) and not isinstance(t, LazyTensor)]
+        raise ImplicitSyncError(f"{info.name} writes into the unregistered host tensor(s) {', '.join(hosts)}; "
+                                "register them (register_buffer / register_param) so they live on the device")
     real_args, real_kwargs = _realize_all(args, kwargs, info.name)
     return func(*real_args, **real_kwargs)
 
@@ -653,6 +661,8 @@ def implicit_sync(reason: str) -> None:
 
 def realize(t: LazyTensor, reason: str) -> torch.Tensor:
     """The concrete tensor (on the execution device) behind ``t``; syncs implicitly if pending."""
+    if tracer.capture is not None:  # Context API tracing: even a ready value would be baked in
+        raise ImplicitSyncError(f"{reason} reads a tensor value while a Context function is being compiled")
     st = t._st
     if type(st.value[0]) is Node:
         implicit_sync(reason)

@@ -5,11 +5,12 @@ Batches are padded like real pre-training data: every row has its own length (th
 tokens replaced by ``[MASK]`` with labels only there (-100 elsewhere, so the loss averages over the
 masked positions). ``default`` is ``BertConfig()`` (bert-base, 110M) at sequence 128.
 
-Attention is ``eager`` with the explicit padding mask: the eager mask is built from the 2-D mask by
-broadcasting and ``torch.where`` without reading values on the host, while the SDPA path of
-transformers' mask builder may test ``padding_mask.all()`` to skip the mask, an implicit sync in a
-lazy-tensor backend. The maths is the same. Dropout is 0 in ``tiny`` (lazy random streams differ from
-eager CPU's), 0.1 in ``default`` as in the library.
+Attention is ``eager`` with the explicit padding mask, as for the other transformers specs: the
+eager mask is built from the 2-D mask by broadcasting and ``torch.where``. transformers 5's
+``create_bidirectional_mask`` still probes ``padding_mask.all()`` on the host (to drop an all-ones
+mask) whatever the attention implementation, so a lazy step has 1 implicit sync here (the SDPA path
+has the same one). Dropout is 0 in ``tiny`` (lazy random streams differ from eager CPU's), 0.1 in
+``default`` as in the library.
 """
 from __future__ import annotations
 
@@ -74,5 +75,5 @@ SPECS = [ModelSpec(
     batch_sizes={"tiny": 2, "default": 8},
     build_fn=build, batch_fn=batch, loss_fn=loss,
     optimizer_fn=lambda params: torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01),
-    notes=__doc__.split("\n\n")[2].replace("\n", " "),
+    notes=__doc__.split("\n\n")[2].replace("\n", " ").strip(),
 )]
