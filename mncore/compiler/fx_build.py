@@ -11,10 +11,18 @@ from mncore.lazy.ir import Data, Node, Scalar, ScalarMarker, T
 
 aten = torch.ops.aten
 
-# Ops that are exact for logical values but may fail on real strided buffers.
+def _histc_any_dtype(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:
+    """CPU's histc has no integer kernel (CUDA's does): count in float64, return the input's dtype."""
+    if x.is_floating_point():
+        return aten.histc.default(x, bins, min, max)
+    return aten.histc.default(x.double(), bins, min, max).to(x.dtype)
+
+
+# Ops that are exact for logical values but may fail on real strided buffers or CPU kernels.
 _LOWER = {
     aten.view.default: aten.reshape.default,
     aten._unsafe_view.default: aten.reshape.default,
+    aten.histc.default: _histc_any_dtype,
 }
 
 

@@ -4,7 +4,7 @@ from mncore.context.api import CompiledFunction, Context, InputError, MNDevice, 
 from mncore.context.naming import (
     get_tensor_name, set_buffer_name_in_optimizer, set_tensor_name, set_tensor_name_in_module,
 )
-from mncore.context.optim import MNCoreAdam, MNCoreAdamW, MNCoreOptimizer, MNCoreSGD
+from mncore.context.optim import MNCoreAdam, MNCoreAdamW, MNCoreOptimizer, MNCoreSGD, prepare_for_compile
 from mncore.context.storage import CacheOptions
 
 TensorLike = object  # Union[torch.Tensor, TensorProxy] in MLSDK; kept for type-hint compatibility
@@ -12,5 +12,5 @@ TensorLike = object  # Union[torch.Tensor, TensorProxy] in MLSDK; kept for type-
 __all__ = [
     "CacheOptions", "CompiledFunction", "Context", "InputError", "MNDevice", "MNCoreAdam", "MNCoreAdamW",
     "MNCoreOptimizer", "MNCoreSGD", "TensorLike", "TensorProxy", "get_tensor_name", "set_buffer_name_in_optimizer",
-    "set_tensor_name", "set_tensor_name_in_module", "storage",
+    "prepare_for_compile", "set_tensor_name", "set_tensor_name_in_module", "storage",
 ]

@@ -19,6 +19,28 @@ class MNCoreOptimizer:
         raise NotImplementedError
 
 
+def prepare_for_compile(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Make a plain torch.optim SGD/Adam/AdamW compile-ready in place: allocate its state, capturable Adam.
+
+    The update is the same maths as the optimizer's own first step (SGD's zero momentum buffer
+    gives buf = grad when dampening is 0; Adam's state starts at zero either way). Other optimizer
+    classes raise: their lazily created state cannot be registered before compiling.
+    """
+    if isinstance(optimizer, MNCoreOptimizer):
+        return optimizer
+    if isinstance(optimizer, torch.optim.SGD):
+        if any(g["momentum"] and g["dampening"] for g in optimizer.param_groups):
+            raise ValueError("prepare_for_compile: SGD with dampening != 0 would differ on its first step")
+        MNCoreSGD._init_state(optimizer)  # type: ignore[arg-type]
+        return optimizer
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        for group in optimizer.param_groups:
+            group["capturable"] = True
+        _AdamState._init_state(optimizer)  # type: ignore[arg-type]
+        return optimizer
+    raise TypeError(f"prepare_for_compile supports SGD, Adam and AdamW, not {type(optimizer).__name__}")
+
+
 class MNCoreSGD(torch.optim.SGD, MNCoreOptimizer):
     """SGD with the momentum buffer allocated as zeros (the first update equals torch's when dampening=0)."""
 

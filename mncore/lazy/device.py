@@ -82,6 +82,63 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return aten.matmul.default.decompose(a, b)
 
 
+def _fused_lstm_cell(input_gates: torch.Tensor, hidden_gates: torch.Tensor, cx: torch.Tensor,
+                     input_bias: torch.Tensor | None = None, hidden_bias: torch.Tensor | None = None) -> tuple:
+    """LSTM cell from differentiable ops: torch picks the fused (CUDA-only) cell for non-CPU devices."""
+    gates = input_gates + hidden_gates
+    if input_bias is not None:
+        gates = gates + input_bias + hidden_bias
+    i, f, g, o = gates.chunk(4, 1)
+    i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+    cy = f * cx + i * g
+    hy = o * cy.tanh()
+    return hy, cy, torch.cat([i, f, g, o], 1)
+
+
+def _fused_gru_cell(input_gates: torch.Tensor, hidden_gates: torch.Tensor, hx: torch.Tensor,
+                    input_bias: torch.Tensor | None = None, hidden_bias: torch.Tensor | None = None) -> tuple:
+    """GRU cell from differentiable ops (same reason as the LSTM cell)."""
+    if input_bias is not None:
+        input_gates = input_gates + input_bias
+        hidden_gates = hidden_gates + hidden_bias
+    ir, ii, in_ = input_gates.chunk(3, 1)
+    hr, hi, hn = hidden_gates.chunk(3, 1)
+    r = (ir + hr).sigmoid()
+    z = (ii + hi).sigmoid()
+    n = (in_ + r * hn).tanh()
+    hy = n + z * (hx - n)
+    return hy, torch.cat([r, z, in_, hn, n], 1)
+
+
+def _gru(input: torch.Tensor, hx: torch.Tensor, params: list, has_biases: bool, num_layers: int, dropout: float,
+         train: bool, bidirectional: bool, batch_first: bool) -> tuple:
+    """``aten::gru.input`` without the in-place ``transpose_`` ATen's composite applies for batch_first."""
+    if batch_first:
+        input = input.transpose(0, 1)
+    dirs = 2 if bidirectional else 1
+    per = 4 if has_biases else 2
+    last_h, layer_in = [], input
+    for layer in range(num_layers):
+        outs_by_dir = []
+        for d in range(dirs):
+            i = (layer * dirs + d) * per
+            w_ih, w_hh = params[i], params[i + 1]
+            b_ih, b_hh = (params[i + 2], params[i + 3]) if has_biases else (None, None)
+            h = hx[layer * dirs + d]
+            steps = range(layer_in.shape[0])
+            outs: list = [None] * layer_in.shape[0]
+            for t in (steps if d == 0 else reversed(steps)):
+                h, _ = _fused_gru_cell(torch.nn.functional.linear(layer_in[t], w_ih, b_ih),
+                                       torch.nn.functional.linear(h, w_hh, b_hh), h)
+                outs[t] = h
+            outs_by_dir.append(torch.stack(outs))
+            last_h.append(h)
+        layer_in = torch.cat(outs_by_dir, -1) if dirs == 2 else outs_by_dir[0]
+        if dropout and train and layer < num_layers - 1:
+            layer_in = torch.nn.functional.dropout(layer_in, dropout, True)
+    return (layer_in.transpose(0, 1) if batch_first else layer_in), torch.stack(last_h)
+
+
 def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """``copy_`` reaching the backend kernel (Python key excluded, e.g. inside ``torch.tensor``)."""
     LazyTensor.__torch_dispatch__(aten.copy_.default, (), (dst, src), {})
@@ -105,6 +162,9 @@ def register() -> None:
         _lib.impl(name, factory(op), "PrivateUse1")
     _lib.impl("_copy_from", _copy_from, "PrivateUse1")
     _lib.impl("matmul", _matmul, "AutogradPrivateUse1")
+    _lib.impl("_thnn_fused_lstm_cell", _fused_lstm_cell, "AutogradPrivateUse1")
+    _lib.impl("_thnn_fused_gru_cell", _fused_gru_cell, "AutogradPrivateUse1")
+    _lib.impl("gru.input", _gru, "AutogradPrivateUse1")
     _lib.impl("_copy_from_and_resize", _copy_from, "PrivateUse1")
     # Module.to('mncore') must keep parameter identity (optimizers, tied weights): swap, don't copy.
     torch.__future__.set_swap_module_params_on_conversion(True)

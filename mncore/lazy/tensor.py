@@ -288,6 +288,11 @@ def _materialize(x: Any, it: Any, sit: Any) -> Any:
     return x
 
 
+# Meta kernels that enforce CUDA-only dtype rules (grouped_mm requires bf16 on CUDA, not on CPU):
+# when they refuse, the op runs eagerly on the execution device instead.
+_CUDA_ONLY_META_RULES = frozenset({"_grouped_mm.default", "grouped_mm.default"})
+
+
 class FallbackNeeded(Exception):
     """Meta inference cannot know the output shape (data-dependent op): run it eagerly."""
 
@@ -302,6 +307,8 @@ def _infer(target: Any, targs: tuple, tkw: tuple, inputs: list, sigs: list) -> t
         raise FallbackNeeded(str(e)) from e
     except RuntimeError as e:
         msg = str(e)
+        if getattr(target, "__name__", "") in _CUDA_ONLY_META_RULES:
+            raise FallbackNeeded(msg) from e
         if "data-dependent" in msg or "DataDependent" in msg or "meta tensors" in msg or "Meta" in msg:
             raise FallbackNeeded(msg) from e
         raise
@@ -766,6 +773,12 @@ def _route(func: Any) -> tuple:
 
 
 def _metadata_inplace(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    self = args[0]
+    if info.name == "as_strided_" and list(args[1]) == list(self._m[0]) and not (
+            len(args) > 3 and args[3]) and isinstance(self, LazyTensor):
+        # Restriding to the same shape (PyTorch does this to keep channels_last after a pooling mean)
+        # changes no value of the logical tensor; lazy tensors keep their traced strides.
+        return self
     raise NotImplementedError(
         f"mncore: {info.name} changes a tensor's shape or strides in place, which lazy tensors (static "
         f"metadata) cannot do; use the out-of-place form, e.g. x = x.{info.name.split('.')[0].rstrip('_')}(...)"

@@ -23,8 +23,9 @@ Experts implementation (``config._experts_implementation``), one spec each:
 ``histc`` + ``cumsum`` offsets, ``torch.nn.functional.grouped_mm``; static shapes, the offsets are
 values); ``mixtral_moe_batched_mm`` gathers each token's top-2 expert weights and runs two ``bmm``
 (static shapes and no value reads, but it materialises (tokens x top-2) weight copies, so its
-``default`` uses 1 x 32 tokens: ~4 GB of gathered weights kept for backward); ``mixtral_moe_eager_experts`` is the reference loop (``nonzero``
-over the hit experts, a Python loop, ``torch.where`` per expert: value-dependent shapes, host reads).
+``default`` uses 1 x 32 tokens, ~4 GB of gathered weights kept for backward, ~9 GB peak for an eager
+CPU step); ``mixtral_moe_eager_experts`` is the reference loop (``nonzero`` over the hit experts, a
+Python loop, ``torch.where`` per expert: value-dependent shapes, host reads).
 """
 from __future__ import annotations
 

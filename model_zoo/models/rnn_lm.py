@@ -27,6 +27,12 @@ class RNNLM(torch.nn.Module):
         self.head = torch.nn.Linear(hidden, vocab_size)
         if tie_weights:
             self.head.weight = self.embed.weight
+        # word_language_model's init: N(0, 1) embeddings would give logits of std ~sqrt(hidden) through
+        # the tied head (an initial loss far above log(vocab)).
+        torch.nn.init.uniform_(self.embed.weight, -0.1, 0.1)
+        torch.nn.init.zeros_(self.head.bias)
+        if not tie_weights:
+            torch.nn.init.uniform_(self.head.weight, -0.1, 0.1)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         out, _ = self.rnn(self.drop(self.embed(input_ids)))

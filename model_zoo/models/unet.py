@@ -52,7 +52,8 @@ def build(in_channels: int = 3, num_classes: int = 2, base: int = 64, depth: int
 
 def batch(cfg: dict, n: int, g: torch.Generator) -> dict:
     s, c = cfg["image_size"], cfg.get("in_channels", 3)
-    return {"x": torch.randn(n, c, s, s, generator=g), "y": torch.randint(0, cfg["num_classes"], (n, s, s), generator=g)}
+    return {"x": torch.randn(n, c, s, s, generator=g),
+            "y": torch.randint(0, cfg["num_classes"], (n, s, s), generator=g)}
 
 
 def loss(model: nn.Module, b: dict) -> torch.Tensor:

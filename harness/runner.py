@@ -1,0 +1,239 @@
+"""Train one zoo model N steps in eager (reference), lazy mode and the Context API; judge and time them.
+
+``run_one`` is executed in a child process per model (``python -m harness.runner``) so that a crash,
+an OOM or a hang in one model cannot take a tier run down; it prints one JSON row.
+All times are measured wall time on the backend's host (pfvm devices execute real kernels).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STATUSES = ("pass", "fail_accuracy", "fail_to_run", "eager_fail", "timeout", "oom", "skipped")
+# Model-level agreement: same maths, but kernels and optimizer forms (foreach vs for-loop) may order
+# float32 sums differently and errors grow over steps, so float32 tolerances are widened 100x.
+TOLERANCE_SCALE = 100.0
+TOLERANCE_REASON = "model level: float32 summation order differs (foreach vs for-loop optimizers), grows over steps"
+_DROPOUT_ATTRS = ("dropout", "attention_dropout", "activation_dropout", "attn_dropout", "hidden_dropout",
+                  "dropout_p", "layerdrop", "dropout_rate")
+
+
+def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """Random streams differ between eager CPU and the device, so accuracy runs switch dropout off."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            m.p = 0.0
+        for attr in _DROPOUT_ATTRS:
+            if isinstance(getattr(m, attr, None), float):
+                setattr(m, attr, 0.0)
+    return model
+
+
+def repro_command(model: str, config: str, backend: str, steps: int) -> str:
+    return f"python -m harness.runner --model {model} --config {config} --backend {backend} --steps {steps}"
+
+
+def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def _median_after_first(times: list[float]) -> float:
+    rest = times[1:] or times
+    return statistics.median(rest) * 1e3
+
+
+def run_eager(spec: Any, config: str, steps: int, seed: int) -> dict:
+    import model_zoo
+
+    model = disable_dropout(spec.build(config, seed=seed))
+    opt = spec.optimizer(model.parameters())
+    losses, times = [], []
+    for step in range(steps):
+        batch = spec.make_batch(config, seed=seed + step)
+        t0 = time.perf_counter()
+        loss = model_zoo.train_step(spec, model, opt, batch)
+        losses.append(float(loss.detach()))
+        times.append(time.perf_counter() - t0)
+    return {"losses": losses, "state": _state(model), "step_ms": _median_after_first(times)}
+
+
+def run_lazy(spec: Any, config: str, backend: str, steps: int, seed: int) -> dict:
+    import mncore
+    import model_zoo
+    from mncore.runtime import buffers
+
+    mncore.init(backend, implicit_sync="silent")
+    mncore.metrics.reset()
+    model = disable_dropout(spec.build(config, seed=seed)).to("mncore")
+    opt = spec.optimizer(model.parameters())
+    batches = [model_zoo.batch_to(spec.make_batch(config, seed=seed + s), "cpu") for s in range(steps)]
+    losses, times, per_step, peak = [], [], [], 0
+    t_prev = time.perf_counter()
+    for batch in batches:
+        c0 = mncore.metrics.counters()
+        loss = model_zoo.train_step(spec, model, opt, model_zoo.batch_to(batch, "mncore"))
+        mncore.sync()
+        losses.append(loss.detach())
+        c1 = mncore.metrics.counters()
+        per_step.append({k: c1[k] - c0[k] for k in ("compiles", "graphs_executed", "cache_hits", "implicit_syncs",
+                                                      "trace_s", "sync_s", "compile_s", "fallback_ops")})
+        mncore.wait_device_ops() if batch is batches[-1] else None
+        now = time.perf_counter()
+        times.append(now - t_prev)
+        t_prev = now
+        peak = max(peak, buffers.live_bytes())
+    mncore.wait_device_ops()
+    last = per_step[-1]
+    return {
+        "losses": [float(l.cpu()) for l in losses], "state": _state(model), "step_ms": _median_after_first(times),
+        "trace_ms": statistics.median((s["trace_s"] + s["sync_s"]) * 1e3 for s in per_step[1:] or per_step),
+        "compile_s": sum(s["compile_s"] for s in per_step), "graphs_per_step": last["graphs_executed"],
+        "compiles_after_warmup": sum(s["compiles"] for s in per_step[2:]),
+        "cache_hits": sum(s["cache_hits"] for s in per_step), "implicit_syncs_per_step": last["implicit_syncs"],
+        "fallback_ops_per_step": last["fallback_ops"], "peak_device_bytes": peak,
+    }
+
+
+def run_context(spec: Any, config: str, backend: str, steps: int, seed: int) -> dict:
+    import model_zoo
+    from mncore.context import (Context, MNDevice, prepare_for_compile, set_buffer_name_in_optimizer,
+                                set_tensor_name_in_module)
+
+    ctx = Context(MNDevice(backend))
+    Context.switch_context(ctx)
+    model = disable_dropout(spec.build(config, seed=seed))
+    opt = prepare_for_compile(spec.optimizer(model.parameters()))
+    set_tensor_name_in_module(model, "model")
+    set_buffer_name_in_optimizer(opt, "opt")
+    for p in model.parameters():
+        ctx.register_param(p)
+    for _, b in model.named_buffers(remove_duplicate=True):
+        ctx.register_buffer(b)
+    ctx.register_optimizer_buffers(opt)
+
+    def step_fn(batch: dict) -> dict:
+        return {"loss": model_zoo.train_step(spec, model, opt, batch)}
+
+    batches = [spec.make_batch(config, seed=seed + s) for s in range(steps)]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # frozen-constant notices (e.g. HF position buffers)
+            compiled = ctx.compile(step_fn, batches[0], Path(tmp) / "step")
+    compile_s = time.perf_counter() - t0
+    outs, times = [], []
+    t_prev = time.perf_counter()
+    for i, batch in enumerate(batches):
+        outs.append(compiled(batch)["loss"])
+        if i == len(batches) - 1:
+            ctx.synchronize()
+        now = time.perf_counter()
+        times.append(now - t_prev)
+        t_prev = now
+    losses = [o.item() for o in outs]
+    return {"losses": losses, "state": _state(model), "step_ms": _median_after_first(times), "compile_s": compile_s}
+
+
+def _agreement(ref: dict, got: dict) -> tuple[bool, str, float]:
+    from harness.compare import compare
+
+    v = compare(torch.tensor(got["losses"]), torch.tensor(ref["losses"]), scale=TOLERANCE_SCALE,
+                reason=TOLERANCE_REASON, path="losses")
+    if not v:
+        return False, v.message, v.max_abs
+    worst = 0.0
+    for k, t in ref["state"].items():
+        pv = compare(got["state"][k], t, scale=TOLERANCE_SCALE, reason=TOLERANCE_REASON, path=f"param {k}")
+        if not pv:
+            return False, pv.message, pv.max_abs
+        worst = max(worst, pv.max_abs)
+    return True, "", worst
+
+
+def _classify(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return "oom" if isinstance(exc, MemoryError) or "out of memory" in text.lower() else "fail_to_run"
+
+
+def run_one(model: str, config: str, backend: str, steps: int, seed: int = 0) -> dict:
+    """One row: every field of the results file for ``model`` on ``backend``."""
+    import model_zoo
+
+    row: dict[str, Any] = {"model": model, "config": config, "backend": backend, "steps": steps,
+                           "time_kind": "measured wall time", "status": "pass", "reason": "",
+                           "repro": repro_command(model, config, backend, steps)}
+    try:
+        spec = model_zoo.get(model)
+        row.update(family=spec.family, params=None)
+        from mncore.devices.registry import parse
+
+        parse(backend)
+    except (KeyError, ValueError) as e:
+        row.update(status="skipped", reason=str(e).strip("'\""))
+        return row
+    try:
+        eager = run_eager(spec, config, steps, seed)
+    except Exception as e:  # noqa: BLE001 - the row records it
+        row.update(status="eager_fail", reason=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-2000:])
+        return row
+    row.update(params=sum(t.numel() for t in eager["state"].values()), eager_losses=eager["losses"],
+               eager_step_ms=eager["step_ms"])
+    for mode, fn in (("lazy", lambda: run_lazy(spec, config, backend, steps, seed)),
+                     ("context", lambda: run_context(spec, config, backend, steps, seed))):
+        try:
+            res = fn()
+        except Exception as e:  # noqa: BLE001 - the row records it
+            if row["status"] == "pass":
+                row.update(status=_classify(e), reason=f"{mode}: {type(e).__name__}: {str(e)[:500]}",
+                           traceback=traceback.format_exc()[-2000:])
+            continue
+        ok, why, err = _agreement(eager, res)
+        row[f"{mode}_losses"] = res["losses"]
+        row[f"{mode}_step_ms"] = res["step_ms"]
+        row[f"{mode}_param_max_abs_err"] = err
+        row.update({f"{mode}_{k}" if k == "compile_s" else k: v for k, v in res.items()
+                    if k not in ("losses", "state", "step_ms")})
+        if not ok and row["status"] == "pass":
+            row.update(status="fail_accuracy", reason=f"{mode} vs eager: {why[:500]}")
+    if row.get("lazy_step_ms") and row.get("context_step_ms"):
+        row["lazy_context_ratio"] = row["lazy_step_ms"] / row["context_step_ms"]
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    ap = argparse.ArgumentParser(description="run one zoo model in eager, lazy and Context modes (one JSON row)")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--config", default="tiny")
+    ap.add_argument("--backend", default="pfvm:cpu")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, help="write the row here (JSON) instead of stdout")
+    a = ap.parse_args(argv)
+    import mncore  # noqa: F401  (register the device before autograd's engine starts)
+
+    row = run_one(a.model, a.config, a.backend, a.steps, a.seed)
+    text = json.dumps(row)
+    if a.out:
+        a.out.write_text(text)
+    else:
+        print(text)
+    return 0 if row["status"] in ("pass", "skipped") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
