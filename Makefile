@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install clean bench
+.PHONY: run test install clean bench registry
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -17,13 +17,16 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 run: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python examples/lazy_mlp.py
+	HF_HUB_OFFLINE=1 $(BIN)/harness run --tier models
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n auto -q
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/trace_overhead.py
+
+registry: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/harness registry record --configs tiny,default --jobs 2
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     rr.add_argument("--jobs", type=int, default=1)
     rr.add_argument("--timeout", type=int, default=1800, help="seconds per model")
     rr.add_argument("--no-lazy", action="store_true", help="record eager CPU only")
+    rr.add_argument("--max-batch", type=int, default=2,
+                    help="cap the batch size of non-tiny configs (every op and non-batch dim is unchanged; "
+                         "0 = the spec's own batch size)")
     for name in ("stats", "show"):
         p = reg.add_parser(name)
         p.add_argument("--path", type=Path, default=None)
@@ -61,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in models:
             model_zoo.get(m)  # unknown names fail before any work starts
         return registry_cmd.record(models, args.configs.split(","), path, jobs=args.jobs, timeout=args.timeout,
-                                   lazy=not args.no_lazy)
+                                   lazy=not args.no_lazy, max_batch=args.max_batch or None)
     if args.reg_cmd == "stats":
         print(registry_cmd.stats(path))
         return 0

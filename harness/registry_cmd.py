@@ -20,7 +20,7 @@ DEFAULT_PATH = Path(__file__).resolve().parent.parent / "shape_registry" / "data
 STEPS = 2  # the second step is the steady state (optimizer state exists)
 
 
-def record_one(name: str, config: str, out: Path, lazy: bool = True) -> None:
+def record_one(name: str, config: str, out: Path, lazy: bool = True, max_batch: int | None = None) -> None:
     """Record one model/config into ``out`` (runs in a child process)."""
     import torch
 
@@ -31,12 +31,13 @@ def record_one(name: str, config: str, out: Path, lazy: bool = True) -> None:
     spec = model_zoo.get(name)
     key = f"{name}:{config}"
     reg = Registry()
+    n = spec.batch_sizes[config] if max_batch is None else min(max_batch, spec.batch_sizes[config])
     model = spec.build(config, seed=0)
     opt = spec.optimizer(model.parameters())
-    info: dict = {"family": spec.family, "params": sum(p.numel() for p in model.parameters())}
+    info: dict = {"family": spec.family, "params": sum(p.numel() for p in model.parameters()), "batch_size": n}
     with EagerRecorder(reg, key):
         for step in range(STEPS):
-            model_zoo.train_step(spec, model, opt, spec.make_batch(config, seed=step))
+            model_zoo.train_step(spec, model, opt, spec.make_batch(config, batch_size=n, seed=step))
     if lazy:
         mncore.init_cpu(implicit_sync="silent")
         model = spec.build(config, seed=0).to("mncore")
@@ -44,7 +45,8 @@ def record_one(name: str, config: str, out: Path, lazy: bool = True) -> None:
         with LazyRecorder(reg, key):
             for step in range(STEPS):
                 before = mncore.metrics.counters()
-                model_zoo.train_step(spec, model, opt, model_zoo.batch_to(spec.make_batch(config, seed=step), "mncore"))
+                batch = model_zoo.batch_to(spec.make_batch(config, batch_size=n, seed=step), "mncore")
+                model_zoo.train_step(spec, model, opt, batch)
                 mncore.sync()
                 after = mncore.metrics.counters()
         mncore.wait_device_ops()
@@ -57,10 +59,9 @@ def record_one(name: str, config: str, out: Path, lazy: bool = True) -> None:
 
 
 def record(models: list[str], configs: list[str], out: Path, jobs: int = 1, timeout: int = 1800,
-           lazy: bool = True) -> int:
+           lazy: bool = True, max_batch: int | None = None) -> int:
     """Record every (model, config) in a child process and merge the results into ``out``."""
-    from tqdm import tqdm
-
+    from harness.progress import Progress
     from shape_registry import Registry
 
     todo = [(m, c) for m in models for c in configs]
@@ -68,13 +69,15 @@ def record(models: list[str], configs: list[str], out: Path, jobs: int = 1, time
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
         running: list = []
-        bar = tqdm(total=len(todo), desc="recording", unit="model", disable=None)
+        bar = Progress(len(todo), "recording")
         queue = list(todo)
         while queue or running:
             while queue and len(running) < jobs:
                 m, c = queue.pop(0)
                 part = Path(tmp) / f"{m}-{c}.jsonl"
                 cmd = [sys.executable, "-m", "harness.registry_cmd", m, c, str(part)] + ([] if lazy else ["--no-lazy"])
+                if max_batch and c != "tiny":
+                    cmd += ["--max-batch", str(max_batch)]
                 proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                         env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error"))
                 running.append((m, c, part, proc, time.monotonic()))
@@ -91,8 +94,7 @@ def record(models: list[str], configs: list[str], out: Path, jobs: int = 1, time
                 else:
                     merged.merge(Registry.load(part))
                 running.remove(item)
-                bar.update(1)
-                bar.set_postfix_str(f"{m}:{c} {time.monotonic() - t0:.0f}s")
+                bar.step(f"{m}:{c} ({time.monotonic() - t0:.0f}s)")
             time.sleep(0.05)
         bar.close()
     if out.exists():
@@ -142,5 +144,7 @@ def show(path: Path, op: str | None, model: str | None, limit: int) -> str:
     return "\n".join(out)
 
 
-if __name__ == "__main__":  # child process entry: python -m harness.registry_cmd MODEL CONFIG OUT [--no-lazy]
-    record_one(sys.argv[1], sys.argv[2], Path(sys.argv[3]), lazy="--no-lazy" not in sys.argv)
+if __name__ == "__main__":  # child: python -m harness.registry_cmd MODEL CONFIG OUT [--no-lazy] [--max-batch N]
+    mb = sys.argv[sys.argv.index("--max-batch") + 1] if "--max-batch" in sys.argv else None
+    record_one(sys.argv[1], sys.argv[2], Path(sys.argv[3]), lazy="--no-lazy" not in sys.argv,
+               max_batch=int(mb) if mb else None)

@@ -10,6 +10,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from harness.progress import Progress
+
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTED_DIR = ROOT / "ci" / "expected"
 HEADLINE = [("mlp_w64", "default"), ("mlp_w128", "default"), ("mlp_w256", "default"),
@@ -46,12 +48,6 @@ def available_backends() -> list[str]:
     return ["pfvm:cpu"] + (["pfvm:cuda"] if torch.cuda.is_available() else [])
 
 
-def _progress(total: int, label: str):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=label, unit="model", disable=None, mininterval=5 if not sys.stderr.isatty() else 0.1)
-
-
 def run_models(todo: list[tuple[str, str]], backends: list[str], steps: int, out: Path, jobs: int = 1,
                timeout: int = 900) -> list[dict]:
     """Run each (model, config, backend) in a child process; every one writes a row, even on a crash."""
@@ -59,7 +55,7 @@ def run_models(todo: list[tuple[str, str]], backends: list[str], steps: int, out
     queue = [(m, c, b) for b in backends for m, c in todo]
     rows: list[dict] = []
     running: list = []
-    bar = _progress(len(queue), "models")
+    bar = Progress(len(queue), "models")
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", PYTHONPATH=str(ROOT))
     while queue or running:
         while queue and len(running) < jobs:
@@ -95,8 +91,7 @@ def run_models(todo: list[tuple[str, str]], backends: list[str], steps: int, out
             row["wall_s"] = round(elapsed, 1)
             rows.append(row)
             running.remove(item)
-            bar.update(1)
-            bar.set_postfix_str(f"{m}:{c} {row['status']}")
+            bar.step(f"{m}:{c} on {b}: {row['status']} ({elapsed:.0f}s)")
         time.sleep(0.1)
     bar.close()
     return rows

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from model_zoo.common import image_batch, classification_loss
 from model_zoo.spec import ModelSpec
 
 
@@ -25,15 +26,6 @@ def build(dims: list[int], depths: list[int], num_classes: int = 1000, stochasti
                     num_classes=num_classes)
 
 
-def batch(cfg: dict, n: int, g: torch.Generator) -> dict:
-    s = cfg["image_size"]
-    return {"x": torch.randn(n, 3, s, s, generator=g), "y": torch.randint(0, cfg["num_classes"], (n,), generator=g)}
-
-
-def loss(model: torch.nn.Module, b: dict) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(model(b["x"]), b["y"])
-
-
 SPECS = [ModelSpec(
     name="convnext_tiny", family="convnext",
     traits={"task": "classification", "norm": "layernorm", "activation": "gelu", "attention": "none",
@@ -43,7 +35,7 @@ SPECS = [ModelSpec(
              "default": {"dims": [96, 192, 384, 768], "depths": [3, 3, 9, 3], "num_classes": 1000,
                          "image_size": 224, "stochastic_depth_prob": 0.1}},
     batch_sizes={"tiny": 4, "default": 32},
-    build_fn=build, batch_fn=batch, loss_fn=loss,
+    build_fn=build, batch_fn=image_batch, loss_fn=classification_loss,
     optimizer_fn=lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=1e-4),
     notes="default == torchvision convnext_tiny; tiny: 2 stages (32/64 channels, 2+2 blocks), 32x32, "
           "stochastic depth 0",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from model_zoo.common import classification_loss
 from model_zoo.spec import ModelSpec
 
 WIDTHS = (64, 128, 256, 512, 1024, 2048, 4096)
@@ -19,10 +20,6 @@ def batch(cfg: dict, n: int, g: torch.Generator) -> dict:
     return {"x": torch.randn(n, cfg["width"], generator=g), "y": torch.randint(0, cfg.get("classes", 10), (n,), generator=g)}
 
 
-def loss(model: torch.nn.Module, b: dict) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(model(b["x"]), b["y"])
-
-
 def _spec(width: int) -> ModelSpec:
     return ModelSpec(
         name=f"mlp_w{width}", family="mlp",
@@ -30,7 +27,7 @@ def _spec(width: int) -> ModelSpec:
                 "embedding": "none", "conv": "no", "recurrent": "no", "moe": "no"},
         configs={"tiny": {"width": width}, "default": {"width": width}},
         batch_sizes={"tiny": 64, "default": 64},
-        build_fn=build, batch_fn=batch, loss_fn=loss,
+        build_fn=build, batch_fn=batch, loss_fn=classification_loss,
         optimizer_fn=lambda params: torch.optim.SGD(params, lr=0.1),
         notes="seed 000: lazy vs Context API as width grows", tags=("mlp_sweep",),
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from model_zoo.common import image_batch, classification_loss
 from model_zoo.spec import ModelSpec
 
 
@@ -19,15 +20,6 @@ def build(arch: str, num_classes: int = 1000, image_size: int = 224, **kwargs: o
 
     del image_size  # only the batch uses it; both networks end in adaptive average pooling
     return getattr(torchvision.models, arch)(weights=None, num_classes=num_classes, **kwargs)
-
-
-def batch(cfg: dict, n: int, g: torch.Generator) -> dict:
-    s = cfg["image_size"]
-    return {"x": torch.randn(n, 3, s, s, generator=g), "y": torch.randint(0, cfg["num_classes"], (n,), generator=g)}
-
-
-def loss(model: torch.nn.Module, b: dict) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(model(b["x"]), b["y"])
 
 
 def _sgd(params):
@@ -44,7 +36,7 @@ SPECS = [
         configs={"tiny": {"arch": "mobilenet_v3_small", "num_classes": 10, "image_size": 32, "dropout": 0.0},
                  "default": {"arch": "mobilenet_v3_small", "num_classes": 1000, "image_size": 224}},
         batch_sizes={"tiny": 4, "default": 32},
-        build_fn=build, batch_fn=batch, loss_fn=loss, optimizer_fn=_sgd,
+        build_fn=build, batch_fn=image_batch, loss_fn=classification_loss, optimizer_fn=_sgd,
         notes="torchvision mobilenet_v3_small: depthwise convs, squeeze-excitation (hardsigmoid), hardswish; "
               "tiny = full network at 32x32 (final feature map 1x1), dropout 0",
     ),
@@ -55,7 +47,7 @@ SPECS = [
                           "stochastic_depth_prob": 0.0},
                  "default": {"arch": "efficientnet_b0", "num_classes": 1000, "image_size": 224}},
         batch_sizes={"tiny": 4, "default": 32},
-        build_fn=build, batch_fn=batch, loss_fn=loss, optimizer_fn=_sgd,
+        build_fn=build, batch_fn=image_batch, loss_fn=classification_loss, optimizer_fn=_sgd,
         notes="torchvision efficientnet_b0: MBConv with squeeze-excitation, SiLU, stochastic depth 0.2 by default; "
               "tiny = full network at 32x32, dropout and stochastic depth 0",
     ),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from model_zoo.common import image_batch, classification_loss
 from model_zoo.spec import ModelSpec
 
 
@@ -37,15 +38,6 @@ def build_swin(patch_size: list[int], embed_dim: int, depths: list[int], num_hea
                            num_classes=num_classes)
 
 
-def batch(cfg: dict, n: int, g: torch.Generator) -> dict:
-    s = cfg["image_size"]
-    return {"x": torch.randn(n, 3, s, s, generator=g), "y": torch.randint(0, cfg["num_classes"], (n,), generator=g)}
-
-
-def loss(model: torch.nn.Module, b: dict) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(model(b["x"]), b["y"])
-
-
 def _adamw(params):
     return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.05)
 
@@ -60,7 +52,7 @@ SPECS = [
                  "default": {"image_size": 224, "patch_size": 16, "num_layers": 12, "num_heads": 12,
                              "hidden_dim": 768, "mlp_dim": 3072, "num_classes": 1000}},
         batch_sizes={"tiny": 2, "default": 16},
-        build_fn=build_vit, batch_fn=batch, loss_fn=loss, optimizer_fn=_adamw,
+        build_fn=build_vit, batch_fn=image_batch, loss_fn=classification_loss, optimizer_fn=_adamw,
         notes="default == torchvision vit_b_16; tiny: 32x32, patch 8 (16 tokens + class token), 2 x 64-wide layers",
     ),
     ModelSpec(
@@ -73,7 +65,7 @@ SPECS = [
                              "window_size": [7, 7], "num_classes": 1000, "image_size": 224,
                              "stochastic_depth_prob": 0.2}},
         batch_sizes={"tiny": 2, "default": 16},
-        build_fn=build_swin, batch_fn=batch, loss_fn=loss, optimizer_fn=_adamw,
+        build_fn=build_swin, batch_fn=image_batch, loss_fn=classification_loss, optimizer_fn=_adamw,
         notes="default == torchvision swin_t; tiny: 32x32, embed 32, depths 2/2, window 4 (stage 1 shifted+masked)",
     ),
 ]
