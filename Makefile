@@ -20,7 +20,7 @@ run: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/harness run --tier models
 
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n auto -q
+	HF_HUB_OFFLINE=1 MNCORE_OPTEST_SAMPLE=$${MNCORE_OPTEST_SAMPLE:-1500} $(BIN)/python -m pytest -n auto -q
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/trace_overhead.py

@@ -73,20 +73,32 @@ def _values(spec: dict, g: torch.Generator, sizes_of: dict) -> torch.Tensor:
     return torch.randint(lo, hi + 1, shape, generator=g).to(dtype)
 
 
-def _tensor(spec: dict, g: torch.Generator, sizes_of: dict) -> torch.Tensor:
-    vals = _values(spec, g, sizes_of)
-    if spec.get("contiguous", True):
+_SORTED_ARGS = ("offs", "offsets", "cu_seqlens")  # cumulative group ends: only sorted values are valid
+
+
+def _tensor(spec: dict, g: torch.Generator, sizes_of: dict, name: str = "") -> torch.Tensor:
+    if spec.get("contiguous", True) or not spec["shape"]:
+        vals = _values(spec, g, sizes_of)
+        if name in _SORTED_ARGS and vals.dim() == 1 and vals.numel():
+            vals = vals.sort().values
+            if "range" in spec:
+                vals[-1] = spec["range"][1]  # the last group ends where the real run's did (all rows)
         return vals
-    stride = spec["stride"]
-    out = torch.empty_strided(spec["shape"], stride, dtype=vals.dtype)
-    out.copy_(vals)
-    return out
+    # Rebuild the recorded layout, overlapping ones (stride 0 from expand) included: values fill the
+    # smallest storage the strides address, viewed with as_strided.
+    shape, stride = spec["shape"], spec["stride"]
+    return _values(dict(spec, shape=[_extent(shape, stride)]), g, sizes_of).as_strided(shape, stride)
 
 
-def _build(arg: Any, g: torch.Generator, sizes_of: dict, device: torch.device) -> Any:
+def _extent(shape: list, stride: list) -> int:
+    """Elements of storage a strided view addresses (overlapping layouts included)."""
+    return 1 + sum((n - 1) * st for n, st in zip(shape, stride) if n > 0) if all(n > 0 for n in shape) else 0
+
+
+def _build(arg: Any, g: torch.Generator, sizes_of: dict, device: torch.device, name: str = "") -> Any:
     t = arg.get("t") if isinstance(arg, dict) else None
     if t == "tensor":
-        return _tensor(arg, g, sizes_of)
+        return _tensor(arg, g, sizes_of, name)
     if t == "list":
         return [_build(a, g, sizes_of, device) for a in arg["items"]]
     if t == "dtype":
@@ -113,8 +125,8 @@ def make_inputs(entry: Entry, seed: int = 0) -> tuple[list, dict]:
         sizes_of["__ignore_index__"] = named["ignore_index"].get("v")
     g = torch.Generator().manual_seed(seed)
     cpu = torch.device("cpu")
-    args = [_build(a, g, sizes_of, cpu) for a in entry.args]
-    kwargs = {k: _build(v, g, sizes_of, cpu) for k, v in entry.kwargs.items()}
+    args = [_build(a, g, sizes_of, cpu, n) for a, n in zip(entry.args, names)]
+    kwargs = {k: _build(v, g, sizes_of, cpu, k) for k, v in entry.kwargs.items()}
     return args, kwargs
 
 
@@ -132,9 +144,10 @@ def to_device(x: Any, device: str) -> Any:
 
 
 def clone(x: Any) -> Any:
+    """A copy with the same layout, overlapping strides included (copying the addressed storage)."""
     if isinstance(x, torch.Tensor):
-        out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
-        return out.copy_(x)
+        n = _extent(list(x.shape), list(x.stride()))
+        return x.as_strided([n], [1]).clone().as_strided(x.shape, x.stride())
     if isinstance(x, list):
         return [clone(a) for a in x]
     if isinstance(x, dict):

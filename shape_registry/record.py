@@ -5,9 +5,10 @@ and boolean tensors get value ranges). ``LazyRecorder`` observes the ``mncore`` 
 functional ops the device is actually asked to run (after in-place ops became functional ones),
 with metadata only (values do not exist yet while tracing).
 
-Exclusion rule (reported per op in the registry header): constructors (no tensor input, or
-``*_like``), views and aliases (schema returns an alias without writing), host reads and
-transfers (``_local_scalar_dense``, ``equal``, copies across devices) and pure metadata queries.
+Exclusion rule (reported per op in the registry header): constructors (no tensor input, ``*_like``,
+``new_*``), views and aliases (schema returns an alias without writing, plus ``_unsafe_view`` and
+``_reshape_alias``, which reshape without computing), host reads and transfers
+(``_local_scalar_dense``, ``equal``, copies across devices) and pure metadata queries.
 """
 from __future__ import annotations
 
@@ -23,6 +24,18 @@ _HOST = {"_local_scalar_dense", "equal", "is_nonzero", "item", "sym_size", "sym_
          "_copy_from_and_resize", "set_", "resize_", "lift_fresh"}
 _CONSTRUCTORS = {"empty", "empty_strided", "scalar_tensor", "zeros", "ones", "full", "arange", "linspace",
                  "logspace", "eye", "randperm", "rand", "randn", "randint", "tril_indices", "triu_indices"}
+# Views whose schema does not declare the alias (they reshape without computing).
+_UNDECLARED_VIEWS = {"_unsafe_view", "_reshape_alias", "lift_fresh"}
+
+
+def _is_constructor(base: str) -> bool:
+    """Ops that only allocate from metadata: factories, ``*_like`` and ``new_*``."""
+    return base in _CONSTRUCTORS or base.endswith("_like") or base.startswith("new_")
+
+
+def _is_view(op: Any, base: str) -> bool:
+    return base in _UNDECLARED_VIEWS or any(
+        r.alias_info is not None and not r.alias_info.is_write for r in op._schema.returns)
 _RANGE_SAMPLE = 1 << 20  # value ranges of larger tensors are taken from an evenly strided sample
 
 # Integer arguments that index a dimension of another argument: op base name -> (index arg, indexed arg, dim)
@@ -53,9 +66,9 @@ def exclusion(op: Any, args: tuple, kwargs: dict) -> str | None:
     base = schema.name.split("::")[1]
     if base in _HOST:
         return "host/metadata"
-    if base in _CONSTRUCTORS or base.endswith("_like"):
+    if _is_constructor(base):
         return "constructor"
-    if any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
+    if _is_view(op, base):
         return "view"
     tensors = [a for a in _flat(list(args) + list(kwargs.values())) if isinstance(a, torch.Tensor)]
     if not tensors:
@@ -228,8 +241,8 @@ class LazyRecorder:
 
 def exclusion_lazy(op: Any) -> str | None:
     base = op._schema.name.split("::")[1]
-    if base in _CONSTRUCTORS or base.endswith("_like"):
+    if _is_constructor(base):
         return "constructor"
-    if any(r.alias_info is not None and not r.alias_info.is_write for r in op._schema.returns):
+    if _is_view(op, base):
         return "view"
     return None

@@ -446,10 +446,11 @@ def test_item_of_an_input_inside_compiled_function_raises(ctx, tmp_path):
     _check_add(ctx.compile(_add, _add_sample(), tmp_path / "add"))
 
 
-def test_new_optimizer_state_during_compile_is_refused(ctx, tmp_path):
-    """A plain torch.optim.Adam creates its state inside step(): compiling must refuse it clearly."""
+def _plain_adam_step(ctx):
+    """A Linear with a plain torch.optim.Adam (state created inside step()), registered in ``ctx``."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
+    ref = copy.deepcopy(model)
     set_tensor_name_in_module(model, "model")
     for p in model.parameters():
         ctx.register_param(p)
@@ -464,6 +465,12 @@ def test_new_optimizer_state_during_compile_is_refused(ctx, tmp_path):
         opt.step()
         return {"loss": loss}
 
+    return model, ref, opt, step
+
+
+def test_new_optimizer_state_during_compile_is_refused(ctx, tmp_path):
+    """Compiling a step whose optimizer creates its state inside step() is refused clearly."""
+    model, _, _, step = _plain_adam_step(ctx)
     with pytest.raises(RuntimeError, match="created new optimizer state.*MNCoreSGD/MNCoreAdam/MNCoreAdamW"):
         ctx.compile(step, {"x": torch.randn(3, 4)}, tmp_path / "adam")
     assert type(model.weight) is torch.nn.Parameter and model.weight.device.type == "cpu"
@@ -471,22 +478,7 @@ def test_new_optimizer_state_during_compile_is_refused(ctx, tmp_path):
 
 
 def test_refused_optimizer_compile_leaves_optimizer_usable(ctx, tmp_path):
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 2)
-    ref = copy.deepcopy(model)
-    set_tensor_name_in_module(model, "model")
-    for p in model.parameters():
-        ctx.register_param(p)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    ctx.register_optimizer_buffers(opt)
-
-    def step(i: dict) -> dict:
-        opt.zero_grad()
-        loss = model(i["x"]).square().mean()
-        loss.backward()
-        opt.step()
-        return {"loss": loss}
-
+    model, ref, opt, step = _plain_adam_step(ctx)
     with pytest.raises(RuntimeError, match="created new optimizer state"):
         ctx.compile(step, {"x": torch.randn(3, 4)}, tmp_path / "adam")
     leaked = [k for st in opt.state.values() for k, v in st.items() if isinstance(v, mncore.LazyTensor)]

@@ -37,14 +37,19 @@ def test_unknown_backend_and_model_are_skipped_rows():
     assert row["status"] == "skipped" and "no_such_model" in row["reason"]
 
 
-def test_crashing_model_is_isolated_and_others_still_report(tmp_path, monkeypatch):
-    """A child that dies without writing its row (a segfault-like exit) still yields a row; others pass."""
+def _python_that_breaks_mlp_w128(tmp_path, monkeypatch, action: str) -> None:
+    """Children run through a wrapper that does ``action`` for mlp_w128 and runs Python for the rest."""
     import sys
 
     fake = tmp_path / "python"
-    fake.write_text(f"#!/bin/sh\ncase \"$*\" in *mlp_w128*) kill -SEGV $$ ;; esac\nexec {sys.executable} \"$@\"\n")
+    fake.write_text(f"#!/bin/sh\ncase \"$*\" in *mlp_w128*) {action} ;; esac\nexec {sys.executable} \"$@\"\n")
     fake.chmod(0o755)
     monkeypatch.setattr(tiers, "PYTHON", str(fake))
+
+
+def test_crashing_model_is_isolated_and_others_still_report(tmp_path, monkeypatch):
+    """A child that dies without writing its row (a segfault-like exit) still yields a row; others pass."""
+    _python_that_breaks_mlp_w128(tmp_path, monkeypatch, "kill -SEGV $$")
     rows = tiers.run_models([("mlp_w128", "tiny"), ("mlp_w64", "tiny")], ["pfvm:cpu"], steps=1, out=tmp_path / "r",
                             timeout=300)
     by_model = {r["model"]: r for r in rows}
@@ -54,12 +59,7 @@ def test_crashing_model_is_isolated_and_others_still_report(tmp_path, monkeypatc
 
 
 def test_hung_model_times_out_and_others_still_report(tmp_path, monkeypatch):
-    import sys
-
-    fake = tmp_path / "python"
-    fake.write_text(f"#!/bin/sh\ncase \"$*\" in *mlp_w128*) exec sleep 600 ;; esac\nexec {sys.executable} \"$@\"\n")
-    fake.chmod(0o755)
-    monkeypatch.setattr(tiers, "PYTHON", str(fake))
+    _python_that_breaks_mlp_w128(tmp_path, monkeypatch, "exec sleep 600")
     rows = tiers.run_models([("mlp_w128", "tiny"), ("mlp_w64", "tiny")], ["pfvm:cpu"], steps=1, out=tmp_path / "r",
                             timeout=60, jobs=2)
     by_model = {r["model"]: r for r in rows}

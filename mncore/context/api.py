@@ -9,9 +9,11 @@ placeholders and submits one job: no op is traced.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import pathlib
+import traceback
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -379,26 +381,29 @@ class _Trace:
         tracer.capture = []
         settings.implicit_sync = "error"
         swapped: list[tuple[torch.Tensor, LazyTensor]] = []
+        failure: BaseException | None = None
+        result = None
         try:
             for name, host in self.ctx._registry.items():
+                if weakref.getweakrefcount(host):
+                    raise RuntimeError(
+                        f"cannot compile with registered tensor {name!r}: something holds a weak reference to it "
+                        "(nn.LSTM/nn.GRU keep weak references to their weights), and torch.utils.swap_tensors, "
+                        "which compiling uses to trace the function on device values, refuses such tensors")
                 twin = self._twin(name, host)
                 torch.utils.swap_tensors(host, twin)
                 swapped.append((host, twin))
                 self.twins[name] = host  # the host object holds the lazy twin while swapped
-            lazy_inputs = {k: _placeholder(leaf) for k, leaf in self.placeholders.items()}
-            try:
-                out = function(lazy_inputs)
-            except ImplicitSyncError as e:
-                raise RuntimeError(
-                    "a compiled function cannot read tensor values on the host (.item(), .cpu(), bool(), "
-                    f"data-dependent shapes) because it is compiled once and replayed: {e}"
-                ) from None
-            self._check_optimizers()
-            outs = self._outputs(out)
-            states = {name: (obj._st.value, obj._st.meta) for name, obj in self.twins.items()
-                      if obj._st.value is not self.initial[name]}
-            out = lazy_inputs = None  # drop the autograd graph: saved tensors pin the swapped objects
-            return outs, states, list(tracer.capture)
+            result = self._trace(function)
+        except BaseException as e:  # noqa: BLE001 - re-raised below, after the host tensors are back
+            failure = e
+            note = "".join(traceback.format_exception(e))
+            chained: BaseException | None = e
+            while chained is not None:  # their frames pin the swapped tensors (autograd graphs, locals)
+                chained.__traceback__ = None
+                chained = chained.__cause__ or chained.__context__
+            e.add_note(f"traceback of the compile-time failure:\n{note}")
+            gc.collect()
         finally:
             errors = []
             for host, twin in reversed(swapped):
@@ -413,7 +418,25 @@ class _Trace:
             if errors:
                 raise RuntimeError("Context.compile could not give registered tensors back to the host: "
                                    + "; ".join(errors) + " (is a tensor produced by the function kept alive "
-                                   "with its autograd graph?)")
+                                   "with its autograd graph?)") from failure
+        if failure is not None:
+            raise failure
+        return result
+
+    def _trace(self, function: Callable) -> tuple[dict, dict, list]:
+        lazy_inputs = {k: _placeholder(leaf) for k, leaf in self.placeholders.items()}
+        try:
+            out = function(lazy_inputs)
+        except ImplicitSyncError as e:
+            raise RuntimeError(
+                "a compiled function cannot read tensor values on the host (.item(), .cpu(), bool(), "
+                f"data-dependent shapes) because it is compiled once and replayed: {e}"
+            ) from None
+        self._check_optimizers()
+        outs = self._outputs(out)
+        states = {name: (obj._st.value, obj._st.meta) for name, obj in self.twins.items()
+                  if obj._st.value is not self.initial[name]}
+        return outs, states, list(tracer.capture)
 
     def _check_optimizers(self) -> None:
         for opt, snap in self.opt_snapshot:

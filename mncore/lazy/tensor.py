@@ -560,6 +560,19 @@ def _mutated_targets(info: Any, args: tuple, kwargs: dict) -> list:
     return out
 
 
+def _with_defaults(func: Any, args: tuple, kwargs: dict) -> tuple:
+    """Spell out omitted positional defaults (``bernoulli_(p=0.5)``'s twin ``bernoulli.p`` has none)."""
+    schema_args = func._schema.arguments
+    if len(args) >= len(schema_args):
+        return args
+    extra = []
+    for a in schema_args[len(args):]:
+        if a.kwarg_only or a.name in kwargs or not a.has_default_value():
+            break
+        extra.append(a.default_value)
+    return tuple(args) + tuple(extra) if extra else args
+
+
 def _mutating(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     targets = _mutated_targets(info, args, kwargs)
     for t in targets:
@@ -567,8 +580,9 @@ def _mutating(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
             return _mixed_write(info, func, args, kwargs)
     if info.functional is not None:
         fkw = {k: v for k, v in kwargs.items() if k not in info.out_names} if info.out_names else kwargs
+        fargs = _with_defaults(func, args, fkw)
         try:
-            node, entry = _record(opinfo.info_for(info.functional), info.functional, args, fkw)
+            node, entry = _record(opinfo.info_for(info.functional), info.functional, fargs, fkw)
         except FallbackNeeded as e:
             return _fallback(info, func, args, kwargs, str(e))
         if entry[1] is None:
