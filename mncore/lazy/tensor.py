@@ -652,7 +652,7 @@ def _user_site() -> tuple[str, int, str]:
         if "/torch/" not in fn and "/mncore/" not in fn and not fn.startswith("<"):
             return fn, f.f_lineno, f.f_code.co_name
         f = f.f_back
-    return "<unknown>", 0, "?"
+    return "<no Python frame: autograd engine thread>", 0, "backward"
 
 
 def implicit_sync(reason: str) -> None:
