@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 FORMAT_VERSION = 1
 
@@ -167,10 +167,3 @@ class Registry:
             except (json.JSONDecodeError, ValueError) as e:
                 raise ValueError(f"{path}:{i}: bad registry row: {e}") from None
         return reg
-
-
-def merge_files(paths: Iterable[str | Path]) -> Registry:
-    reg = Registry()
-    for p in paths:
-        reg.merge(Registry.load(p))
-    return reg
