@@ -7,27 +7,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from mncore.compiler.lowering import lower
 from mncore.lazy.ir import Data, Node, Scalar, ScalarMarker, T
-
-aten = torch.ops.aten
-
-def _histc_any_dtype(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:
-    """CPU's histc has no integer kernel (CUDA's does): count in float64, return the input's dtype."""
-    if x.is_floating_point():
-        return aten.histc.default(x, bins, min, max)
-    return aten.histc.default(x.double(), bins, min, max).to(x.dtype)
-
-
-# Ops that are exact for logical values but may fail on real strided buffers or CPU kernels.
-_LOWER = {
-    aten.view.default: aten.reshape.default,
-    aten._unsafe_view.default: aten.reshape.default,
-    aten.histc.default: _histc_any_dtype,
-}
-
-
-def _lower_target(target: Any) -> Any:
-    return _LOWER.get(target, target)
 
 
 def build(nodes: list[Node], n_leaves: int, n_scalars: int, outputs: list[tuple[int, int]],
@@ -79,6 +60,6 @@ def build(nodes: list[Node], n_leaves: int, n_scalars: int, outputs: list[tuple[
         targs, tkw = n.template
         args = tuple(rebuild(a, it) for a in targs)
         kwargs = {k: rebuild(v, it) for k, v in tkw}
-        env.append(g.call_function(_lower_target(n.target), args, kwargs))
+        env.append(g.call_function(lower(n.target), args, kwargs))
     g.output(tuple(env[j] if nodes[j].nout == 0 else ref_value((nodes[j], i)) for j, i in outputs))
     return fx.GraphModule(torch.nn.Module(), g)

@@ -12,7 +12,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from mncore.compiler import fx_build
+from mncore.compiler import fx_build, lowering
 from mncore.compiler.cache import LRUCache
 from mncore.lazy.ir import Data, Node, Scalar
 from mncore.lazy.tensor import tracer
@@ -158,7 +158,7 @@ def build(refs: list[tuple], options: tuple = ()) -> tuple[Executable, list[Data
     order, leaves, scalars, items = _collect(roots)
     local = {id(n): j for j, n in enumerate(order)}
     outputs = [(local[id(r[0])], r[1]) for r in refs]
-    key = (items, tuple(outputs), settings.exec_device.type, options)
+    key = (items, tuple(outputs), settings.exec_device.type, options, lowering.version())
     exe = cache.get(key)
     if exe is None:
         exe = _compile(order, len(leaves), len(scalars), outputs, key)

@@ -1,0 +1,61 @@
+"""Which kernel runs each traced aten op on the pfvm devices, and how users override it.
+
+Most ops run as themselves. A few are exact for the tracer's logical values but fail on real
+strided buffers or CPU kernels, so they get a substitute. ``register_lowering`` lets a user (or a
+test backend) replace the kernel of any op; the override takes part in the graph key through the
+lowering version, so executables compiled before an override are never reused after it.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+aten = torch.ops.aten
+
+
+def _histc_any_dtype(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:
+    """CPU's histc has no integer kernel (CUDA's does): count in float64, return the input's dtype."""
+    if x.is_floating_point():
+        return aten.histc.default(x, bins, min, max)
+    return aten.histc.default(x.double(), bins, min, max).to(x.dtype)
+
+
+_BUILTIN: dict[Any, Callable] = {
+    aten.view.default: aten.reshape.default,
+    aten._unsafe_view.default: aten.reshape.default,
+    aten.histc.default: _histc_any_dtype,
+}
+_overrides: dict[Any, Callable] = {}
+_version = [0]
+
+
+def lower(target: Any) -> Any:
+    """The callable that executes ``target`` (an override, a built-in substitute, or itself)."""
+    return _overrides.get(target) or _BUILTIN.get(target, target)
+
+
+def register_lowering(target: Any, fn: Callable) -> None:
+    """Run ``fn`` instead of the aten overload ``target`` in graphs compiled from now on."""
+    if not isinstance(target, torch._ops.OpOverload):
+        raise TypeError(f"register_lowering needs an aten op overload such as torch.ops.aten.mul.Tensor, got {target!r}")
+    if not callable(fn):
+        raise TypeError(f"register_lowering: {fn!r} is not callable")
+    def override(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    # torch.fx names every call target in its generated code; lambdas have no usable name.
+    override.__name__ = override.__qualname__ = f"override_{str(target).replace('.', '_')}"
+    _overrides[target] = override
+    _version[0] += 1
+
+
+def unregister_lowering(target: Any) -> None:
+    """Drop an override registered with ``register_lowering`` (no error if there is none)."""
+    if _overrides.pop(target, None) is not None:
+        _version[0] += 1
+
+
+def version() -> int:
+    """Changes whenever the set of overrides changes; part of every graph key."""
+    return _version[0]
