@@ -402,7 +402,7 @@ def test_registered_value_proxy_of_unregistered_tensor(ctx):
         ctx.get_registered_value_proxy(t)
 
 
-@pytest.mark.parametrize("spec", ["tpu", "mncore2:auto", "emu2", "pfvm:gpu"])
+@pytest.mark.parametrize("spec", ["tpu", "mncore2:x", "emu3", "pfvm:gpu"])
 def test_invalid_device_lists_valid_ones(ctx, tmp_path, spec):
     with pytest.raises(ValueError) as e:
         MNDevice(spec)
@@ -839,9 +839,15 @@ def test_codegen_dir_manifest(ctx, tmp_path):
                            cache_options=CacheOptions(tmp_path / "cache"))
     assert compiled.codegen_dir == codegen
     manifest = json.loads((codegen / "manifest.json").read_text())
-    assert manifest["inputs"] == {"x": {"shape": [3, 4], "dtype": "float32"}, "y": {"shape": [3], "dtype": "int64"}}
-    assert manifest["outputs"] == {"loss": {"shape": [], "dtype": "float32"},
-                                   "probs": {"shape": [3, 4], "dtype": "float64"}}
+    assert manifest["input_specs"] == {"x": {"shape": [3, 4], "dtype": "float32"},
+                                       "y": {"shape": [3], "dtype": "int64"}}
+    assert manifest["output_specs"] == {"loss": {"shape": [], "dtype": "float32"},
+                                        "probs": {"shape": [3, 4], "dtype": "float64"}}
+    assert {(i["name"], tuple(i["shape"]), i["dtype"]) for i in manifest["inputs"]} == {
+        ("x", (3, 4), "float32"), ("y", (3,), "int64")}
+    assert {(o["name"], tuple(o["shape"]), o["dtype"]) for o in manifest["outputs"]} == {
+        ("loss", (), "float32"), ("probs", (3, 4), "float64")}
+    assert all(io["dram"].startswith("DRAM@") for io in manifest["inputs"] + manifest["outputs"])
     assert manifest["options"] == {"float_dtype": "float"}
     assert manifest["device"] == "pfvm:cpu"
     assert manifest["frozen_constants"] == [] and manifest["state_updates"] == []
@@ -862,8 +868,10 @@ def test_codegen_manifest_lists_state_updates(ctx, tmp_path):
     opt = MNCoreSGD(model.parameters(), lr=0.1, momentum=0.9)
     _context_train(ctx, model, opt, _batches(1), tmp_path / "train")
     manifest = json.loads((tmp_path / "train" / "manifest.json").read_text())
-    assert manifest["inputs"] == {"x": {"shape": [8, 16], "dtype": "float32"}, "y": {"shape": [8], "dtype": "int64"}}
-    assert manifest["outputs"] == {"loss": {"shape": [], "dtype": "float32"}}
+    assert manifest["input_specs"] == {"x": {"shape": [8, 16], "dtype": "float32"},
+                                       "y": {"shape": [8], "dtype": "int64"}}
+    assert manifest["output_specs"] == {"loss": {"shape": [], "dtype": "float32"}}
     assert manifest["frozen_constants"] == []
     names = [f"model.{n}" for n, _ in model.named_parameters()] + [f"opt.{k}.momentum_buffer" for k in range(4)]
     assert manifest["state_updates"] == sorted(names)
+    assert {o["name"] for o in manifest["outputs"]} == {"loss"} | {f"{n} (updated)" for n in names}

@@ -174,12 +174,15 @@ def test_cuda_without_gpu_says_so():
         mncore.init("pfvm:cuda:7")
 
 
-def test_simulator_devices_not_available_yet():
-    for dev in ("mncore2:auto", "mncore2:0", "emu2"):
-        with pytest.raises(ValueError, match="available devices: pfvm:cpu"):
-            mncore.init(dev)
-    with pytest.raises(ValueError):
-        mncore.init_mncore()
+def test_nonexistent_board_is_rejected(monkeypatch):
+    monkeypatch.setenv("MNCORE_SIM_BOARDS", "2")
+    with pytest.raises(ValueError, match="2 simulated board") as e:
+        mncore.init("mncore2:2")
+    assert "mncore2:1" in str(e.value)
+    with pytest.raises(ValueError, match="sim_mode"):
+        mncore.init("emu2", sim_mode="fast")
+    with pytest.raises(ValueError, match="float_dtype"):
+        mncore.init("emu2", float_dtype="bf16")
     assert mncore.settings.device == "pfvm:cpu"  # a failed init leaves the runtime as it was
 
 

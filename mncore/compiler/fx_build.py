@@ -1,4 +1,9 @@
-"""Turn a collected graph plan into a ``torch.fx.GraphModule`` that runs on the pfvm devices."""
+"""Turn a collected graph plan into a ``torch.fx.Graph`` whose nodes carry their output metadata.
+
+Every node gets ``meta["mn"]``: a list of ``(shape, stride, dtype)`` per output (``None`` for
+non-tensor outputs and for lifted scalars), taken from the tracer's shape-inference cache, so the
+compiler passes never re-run shape inference.
+"""
 from __future__ import annotations
 
 import operator
@@ -12,13 +17,15 @@ from mncore.lazy.ir import Data, Node, Scalar, ScalarMarker, T
 
 
 def build(nodes: list[Node], n_leaves: int, n_scalars: int, outputs: list[tuple[int, int]],
-          exec_device: torch.device) -> fx.GraphModule:
+          exec_device: torch.device) -> fx.Graph:
     """Build the FX graph: placeholders are leaves then lifted scalars; the output is a tuple."""
-    from mncore.lazy.tensor import DEV
+    from mncore.lazy.tensor import DEV, tracer
 
     g = fx.Graph()
     leaves = [g.placeholder(f"buf{i}") for i in range(n_leaves)]
     scalars = [g.placeholder(f"scalar{i}") for i in range(n_scalars)]
+    for p in scalars:
+        p.meta["mn"] = [None]
     env: list[Any] = []
     items: dict[tuple[int, int], Any] = {}
     leaf_index: dict[int, int] = {}
@@ -38,6 +45,7 @@ def build(nodes: list[Node], n_leaves: int, n_scalars: int, outputs: list[tuple[
         v = items.get(key)
         if v is None:
             v = items[key] = g.call_function(operator.getitem, (env[j], i))
+            v.meta["mn"] = [env[j].meta["mn"][i]]
         return v
 
     def rebuild(x: Any, it: Any) -> Any:
@@ -55,11 +63,15 @@ def build(nodes: list[Node], n_leaves: int, n_scalars: int, outputs: list[tuple[
         for ref in n.inputs:
             if type(ref) is tuple and type(ref[0]) is Data and id(ref[0]) not in leaf_index:
                 leaf_index[id(ref[0])] = next_leaf
+                leaves[next_leaf].meta["mn"] = [ref[0].meta]
                 next_leaf += 1
         it = iter(n.inputs)
         targs, tkw = n.template
         args = tuple(rebuild(a, it) for a in targs)
         kwargs = {k: rebuild(v, it) for k, v in tkw}
-        env.append(g.call_function(lower(n.target), args, kwargs))
+        node = g.call_function(lower(n.target), args, kwargs)
+        node.meta["mn"] = list(tracer.meta_cache[tracer.sigs[n.sig_id]][2])
+        node.meta["mn_tuple"] = n.nout != 0
+        env.append(node)
     g.output(tuple(env[j] if nodes[j].nout == 0 else ref_value((nodes[j], i)) for j, i in outputs))
-    return fx.GraphModule(torch.nn.Module(), g)
+    return g

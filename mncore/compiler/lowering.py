@@ -56,6 +56,11 @@ def unregister_lowering(target: Any) -> None:
         _version[0] += 1
 
 
+def has_overrides() -> bool:
+    """Graphs compiled under user overrides are never written to or read from the disk cache."""
+    return bool(_overrides)
+
+
 def version() -> int:
     """Changes whenever the set of overrides changes; part of every graph key."""
     return _version[0]

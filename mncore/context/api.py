@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from mncore.compiler import codegen, disk_cache
 from mncore.context.naming import get_tensor_name, set_tensor_name
 from mncore.context.storage import CacheOptions
 from mncore.devices.registry import DeviceSpec, parse
@@ -36,7 +37,7 @@ KNOWN_OPTIONS = {"float_dtype": FLOAT_DTYPES}
 
 
 class MNDevice:
-    """A device string: ``pfvm:cpu``, ``pfvm:cuda[:N]`` (``emu2``/``mncore2:*`` with the simulator)."""
+    """A device string: ``pfvm:cpu``, ``pfvm:cuda[:N]``, ``emu2``, ``mncore2:auto`` or ``mncore2:N``."""
 
     def __init__(self, spec: str):
         try:
@@ -485,13 +486,15 @@ class _Trace:
             else:
                 out_specs[k] = ("leaf", leaf_binding.get(id(ref[0]), _Binding("const", ref[0])), meta)
         state_updates = {name: add_ref(ref, meta) for name, (ref, meta) in states.items() if type(ref[0]) is Node}
-        exe, leaves, scalars = (graph.build(refs, options=tuple(sorted(options.items()))) if refs else (None, [], []))
+        cache = self.ctx.cache_options
+        with disk_cache.using(cache.path if cache else None, read_only=bool(cache and cache.read_only)):
+            exe, leaves, scalars = (graph.build(refs, options=tuple(sorted(options.items()))) if refs else (None, [], []))
         bindings = [leaf_binding.get(id(leaf), _Binding("const", leaf)) for leaf in leaves]
         if consts:
             warnings.warn("Context.compile: these tensors are read by the function but are neither inputs nor "
                           "registered, so their current values are frozen into the compiled function: "
                           + ", ".join(dict.fromkeys(consts)), stacklevel=3)
-        _write_codegen_dir(codegen_dir, exe, input_specs, out_specs, metas, state_updates, options, consts)
+        _write_codegen_dir(codegen_dir, exe, bindings, input_specs, out_specs, metas, state_updates, options, consts)
         return CompiledFunction(self.ctx, exe, bindings, scalars, out_specs, state_updates, metas, input_specs,
                                 codegen_dir)
 
@@ -504,21 +507,17 @@ def _spec_json(meta: tuple) -> dict:
     return {"shape": list(meta[0]), "dtype": str(meta[2]).replace("torch.", "")}
 
 
-def _write_codegen_dir(path: pathlib.Path, exe: Any, input_specs: dict, out_specs: dict, metas: list,
-                       state_updates: dict, options: dict, consts: list) -> None:
-    """A readable record of what was compiled (manifest + FX code); the compiler issue extends it."""
-    path.mkdir(parents=True, exist_ok=True)
-    manifest = {
-        "graph": exe.name if exe else None,
-        "nodes": exe.n_nodes if exe else 0,
-        "device": settings.device,
-        "options": options,
-        "torch": torch.__version__,
-        "inputs": {k: _spec_json(m) for k, m in input_specs.items()},
-        "outputs": {k: _spec_json(metas[s[1]] if s[0] == "node" else s[2]) for k, s in out_specs.items()},
-        "state_updates": sorted(state_updates),
-        "frozen_constants": consts,
-    }
-    (path / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    if exe is not None:
-        (path / "graph.py").write_text(exe.gm.code)
+def _write_codegen_dir(path: pathlib.Path, exe: Any, bindings: list, input_specs: dict, out_specs: dict,
+                       metas: list, state_updates: dict, options: dict, consts: list) -> None:
+    """The compiler's manifest with the Context's names for every input and output slot."""
+    extra = {"options": options, "frozen_constants": consts, "state_updates": sorted(state_updates),
+             "input_specs": {k: _spec_json(m) for k, m in input_specs.items()},
+             "output_specs": {k: _spec_json(metas[s[1]] if s[0] == "node" else s[2]) for k, s in out_specs.items()}}
+    if exe is None:
+        codegen.write(path, None, {"graph": None, "device": settings.device, **extra})
+        return
+    consts_seen = iter(range(len(bindings)))
+    input_names = {i: (b.key if b.kind != "const" else f"constant{next(consts_seen)}") for i, b in enumerate(bindings)}
+    output_names = {s[1]: k for k, s in out_specs.items() if s[0] == "node"}
+    output_names.update({i: f"{name} (updated)" for name, i in state_updates.items()})
+    codegen.write(path, exe, codegen.manifest(exe, input_names, output_names, extra))

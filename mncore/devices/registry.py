@@ -6,9 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-# Device strings that exist in the product; the simulated ones arrive with the simulator.
-VALID_FORMS = ("pfvm:cpu", "pfvm:cuda", "pfvm:cuda:N")
-PLANNED_FORMS = ("emu2", "mncore2:auto", "mncore2:N")
+VALID_FORMS = ("pfvm:cpu", "pfvm:cuda", "pfvm:cuda:N", "emu2", "mncore2:auto", "mncore2:N")
 
 
 @dataclass(frozen=True)
@@ -24,10 +22,13 @@ class DeviceSpec:
 
 
 def _valid_list() -> str:
+    from mncore.devices.board import n_boards
+
     avail = ["pfvm:cpu"]
     if torch.cuda.is_available():
         avail += [f"pfvm:cuda:{i}" for i in range(torch.cuda.device_count())]
         avail.insert(1, "pfvm:cuda")
+    avail += ["emu2", "mncore2:auto"] + [f"mncore2:{i}" for i in range(n_boards())]
     return ", ".join(avail)
 
 
@@ -52,12 +53,17 @@ def parse(spec: str) -> DeviceSpec:
                 f"available devices: {_valid_list()}"
             )
         return DeviceSpec(f"pfvm:cuda:{index}", torch.device("cuda", index))
-    if s == "emu2" or re.fullmatch(r"mncore2:(auto|\d+)", s):
-        raise ValueError(
-            f"device {spec!r} (the MN-Core 2 emulator/simulated boards) is not available in this build yet; "
-            f"available devices: {_valid_list()}"
-        )
+    if s == "emu2":
+        return DeviceSpec("emu2", torch.device("cpu"))
+    m = re.fullmatch(r"mncore2:(auto|\d+)", s)
+    if m:
+        from mncore.devices.board import n_boards
+
+        if m.group(1) != "auto" and int(m.group(1)) >= n_boards():
+            raise ValueError(f"device {spec!r}: this host has {n_boards()} simulated board(s) (MNCORE_SIM_BOARDS); "
+                             f"available devices: {_valid_list()}")
+        return DeviceSpec(s, torch.device("cpu"))
     raise ValueError(
-        f"unknown device {spec!r}; valid forms are {', '.join(VALID_FORMS + PLANNED_FORMS)} "
+        f"unknown device {spec!r}; valid forms are {', '.join(VALID_FORMS)} "
         f"(available now: {_valid_list()})"
     )

@@ -12,22 +12,15 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from mncore.compiler import fx_build, lowering
+from mncore.compiler import codegen, disk_cache, fx_build, lowering, pipeline
 from mncore.compiler.cache import LRUCache
+from mncore.compiler.program import Executable
+from mncore.devices import sim
 from mncore.lazy.ir import Data, Node, Scalar
 from mncore.lazy.tensor import tracer
 from mncore.runtime import metrics, timeline
 from mncore.runtime.executor import Job, executor
 from mncore.runtime.state import require_init, settings
-
-
-@dataclass(eq=False)
-class Executable:
-    name: str
-    fn: Any
-    gm: Any
-    n_nodes: int
-    key: tuple
 
 
 cache = LRUCache()
@@ -78,12 +71,13 @@ def _collect(roots: list) -> tuple[list[Node], list[Data], list, tuple]:
 
 
 def _stable_name(order: list[Node], key: tuple) -> str:
-    h = hashlib.sha1()
+    """A name that is the same in every process for the same graph (it also keys the disk cache)."""
+    h = hashlib.sha256()
     for n, item in zip(order, key[0]):
         h.update(repr((getattr(n.target, "__name__", str(n.target)), n.template, item[1],
                        tracer.sigs[n.sig_id][3])).encode())
-    h.update(repr(key[1:]).encode())
-    return "graph_" + h.hexdigest()[:12]
+    h.update(repr(key[1:-1]).encode())
+    return "graph_" + h.hexdigest()[:16]
 
 
 def _explain_recompile(name: str, order: list[Node], key: tuple) -> None:
@@ -112,15 +106,16 @@ def _explain_recompile(name: str, order: list[Node], key: tuple) -> None:
     print("\n".join(lines), file=sys.stderr)
 
 
-def _compile(order: list[Node], n_leaves: int, n_scalars: int, outputs: list, key: tuple) -> Executable:
+def _compile(order: list[Node], n_leaves: int, n_scalars: int, outputs: list, key: tuple, name: str,
+             policy: str) -> Executable:
     t0 = timeline.now()
-    name = _stable_name(order, key)
     if "recompile" in settings.debug:
         _explain_recompile(name, order, key)
-    gm = fx_build.build(order, n_leaves, n_scalars, outputs, settings.exec_device)
-    exe = Executable(name=name, fn=gm.forward, gm=gm, n_nodes=len(order), key=key)
+    g = fx_build.build(order, n_leaves, n_scalars, outputs, settings.exec_device)
+    exe = pipeline.compile_graph(g, name, key, policy, emulate=settings.simulated)
     t1 = timeline.now()
-    timeline.record("compile", f"compile {name}", t0, t1, nodes=len(order))
+    exe.stats["compile_s"] = t1 - t0
+    timeline.record("compile", f"compile {name}", t0, t1, nodes=len(order), kernels=exe.stats["kernels"])
     metrics.add("compiles")
     metrics.add("compile_s", t1 - t0)
     _last_compiled["key"] = key
@@ -158,11 +153,17 @@ def build(refs: list[tuple], options: tuple = ()) -> tuple[Executable, list[Data
     order, leaves, scalars, items = _collect(roots)
     local = {id(n): j for j, n in enumerate(order)}
     outputs = [(local[id(r[0])], r[1]) for r in refs]
-    key = (items, tuple(outputs), settings.exec_device.type, options, lowering.version())
+    policy = dict(options).get("float_dtype", settings.float_dtype)
+    key = (items, tuple(outputs), settings.kind, settings.exec_device.type, options, policy, lowering.version())
     exe = cache.get(key)
     if exe is None:
-        exe = _compile(order, len(leaves), len(scalars), outputs, key)
+        name = _stable_name(order, key)
+        exe = disk_cache.get_or_compile(
+            name, policy, key, lambda: _compile(order, len(leaves), len(scalars), outputs, key, name, policy))
+        if settings.simulated:
+            sim.check_memory(exe, leaves, policy)
         cache.put(key, exe)
+        codegen.write_lazy(exe)
     else:
         metrics.add("cache_hits")
     return exe, leaves, scalars

@@ -36,13 +36,14 @@ class Data:
     is set then (or ``error`` is stored), so host reads wait only for the graph they need.
     """
 
-    __slots__ = ("bid", "meta", "ready", "error", "graph", "__weakref__")
+    __slots__ = ("bid", "meta", "ready", "error", "graph", "on_board", "__weakref__")
 
     def __init__(self, meta: tuple, tensor: Any = None):
         self.bid = buffers.new_id()
         self.meta = meta  # (shape, stride, dtype)
         self.error: BaseException | None = None
         self.graph: str | None = None
+        self.on_board = False  # simulated devices: whether its host->device copy was already modelled
         if tensor is not None:
             buffers.put(self.bid, tensor)
             self.ready = None

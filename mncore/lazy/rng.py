@@ -88,6 +88,7 @@ class Seeded:
 
     def __init__(self, fn: Any, op: Any):
         self.fn = fn
+        self.op = op
         self.custom = _CUSTOM.get(op)
         self.__name__ = f"seeded_{getattr(fn, '__name__', str(fn))}"
 

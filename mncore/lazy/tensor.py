@@ -716,7 +716,16 @@ def _realize_all(args: tuple, kwargs: dict, reason: str) -> tuple[list, dict]:
 
 
 def _fallback(info: Any, func: Any, args: tuple, kwargs: dict, why: str) -> Any:
-    """Ops whose output shape depends on values (nonzero, masked indexing, unique) run eagerly."""
+    """Ops whose output shape depends on values (nonzero, masked indexing, unique) run eagerly.
+
+    Not on the simulated MN-Core devices: their compiler needs every shape fixed in advance.
+    """
+    if settings.static_shapes:
+        from mncore.compiler.pipeline import StaticShapeError
+
+        raise StaticShapeError(
+            f"mncore: {info.name} has a data-dependent output shape ({why}); {settings.device} compiles graphs "
+            f"with static shapes only, so it cannot run there. Compute it on the host (.cpu()) or use a pfvm device")
     metrics.count_fallback(info.name)
     real_args, real_kwargs = _realize_all(args, kwargs, f"{info.name} (data-dependent shape)")
     out = func(*real_args, **real_kwargs)

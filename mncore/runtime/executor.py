@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from mncore.compiler.program import KernelFailed
+from mncore.devices import sim
 from mncore.runtime import buffers, metrics, timeline
 from mncore.runtime.state import settings
 
@@ -55,6 +57,7 @@ class Executor:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._last: Job | None = None
+        self._model_clock = 0.0  # end of the last modelled device span (functional simulation)
 
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -119,11 +122,15 @@ class Executor:
         t1 = timeline.now()
         timeline.record("worker", f"prepare {exe.name}", t0, t1)
         outs = None
+        modelled = None
         if err is None:
             try:
-                outs = exe.fn(*args)
-                if settings.exec_device.type == "cuda":
-                    torch.cuda.synchronize(settings.exec_device)
+                if settings.simulated:
+                    outs, modelled = sim.execute(exe, job.leaves, args)
+                else:
+                    outs = exe.fn(*args)
+                    if settings.exec_device.type == "cuda":
+                        torch.cuda.synchronize(settings.exec_device)
             except Exception as e:  # noqa: BLE001 - reported to the host, never swallowed
                 err = self._describe(exe, args, e)
         t2 = timeline.now()
@@ -137,7 +144,18 @@ class Executor:
                 self._errors.append(err)
         for leaf in job.outs:
             leaf.ready.set()
-        timeline.record("device", exe.name, t1, t2, nodes=exe.n_nodes)
+        if modelled is None:
+            timeline.record("device", exe.name, t1, t2, nodes=exe.n_nodes, time="measured")
+        elif settings.sim_mode == "performance":
+            timeline.record("device", exe.name, t1, t2, nodes=exe.n_nodes, time="modelled", modelled_s=modelled)
+        else:
+            timeline.record("emulator", exe.name, t1, t2, nodes=exe.n_nodes, time="measured (host emulation)")
+            start = max(t1, self._model_clock)
+            self._model_clock = start + modelled
+            timeline.record("device", exe.name, start, self._model_clock, nodes=exe.n_nodes, time="modelled",
+                            modelled_s=modelled)
+        if modelled is not None:
+            metrics.add("modelled_device_s", modelled)
         metrics.add("execute_s", t2 - t1)
         metrics.add("graphs_executed")
         job.done.set()
@@ -145,6 +163,9 @@ class Executor:
     @staticmethod
     def _describe(exe: Any, args: list, exc: Exception) -> DeviceExecutionError:
         op = "?"
+        if isinstance(exc, KernelFailed):
+            op, exc = f"{exc.node.target} (node {exc.node.name}, kernel {exc.kernel})", exc.exc
+            return DeviceExecutionError(f"mncore: graph {exe.name} failed at op {op}: {type(exc).__name__}: {exc}")
         try:
             _FindFailingOp(exe.gm).run(*args)
         except _OpFailed as f:

@@ -6,9 +6,9 @@ from collections import Counter
 
 COUNTERS = (
     "traced_ops", "graphs_executed", "compiles", "cache_hits", "implicit_syncs", "fallback_ops",
-    "syncs", "bytes_to_device", "bytes_to_host",
+    "syncs", "bytes_to_device", "bytes_to_host", "disk_cache_hits", "disk_cache_misses", "disk_cache_corrupt",
 )
-TIMINGS = ("trace_s", "compile_s", "execute_s", "sync_s", "wait_s")
+TIMINGS = ("trace_s", "compile_s", "execute_s", "sync_s", "wait_s", "modelled_device_s")
 
 _lock = threading.Lock()
 _values: Counter = Counter()

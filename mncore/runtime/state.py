@@ -8,6 +8,7 @@ import torch
 
 IMPLICIT_SYNC_MODES = ("error", "warn", "silent")
 EXECUTION_MODES = ("sync", "async_naive", "async")
+SIM_MODES = ("functional", "performance")
 
 
 @dataclass
@@ -17,6 +18,18 @@ class Settings:
     implicit_sync: str = "warn"
     execution: str = "async"
     debug: frozenset = frozenset()
+    kind: str = "pfvm"  # 'pfvm' | 'emu2' | 'mncore2'
+    float_dtype: str = "float"
+    sim_mode: str = "functional"
+
+    @property
+    def simulated(self) -> bool:
+        """emu2 and mncore2 run the kernel program with the precision policy's number formats."""
+        return self.kind in ("emu2", "mncore2")
+
+    @property
+    def static_shapes(self) -> bool:
+        return self.simulated
 
 
 settings = Settings()

@@ -8,7 +8,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-LANES = {"host": 1, "compile": 2, "device": 3, "worker": 4}
+LANES = {"host": 1, "compile": 2, "device": 3, "worker": 4, "emulator": 5}
 _events: deque = deque(maxlen=200_000)
 _lock = threading.Lock()
 _t0 = time.perf_counter()

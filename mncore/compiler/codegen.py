@@ -1,0 +1,110 @@
+"""The codegen directory: a JSON manifest of what was compiled, the readable program and the graph.
+
+Context API: ``Context.compile(..., codegen_dir)``. Lazy mode: one directory per graph under
+``MNCORE_CODEGEN_DIR`` when it is set. Files larger than ``ZSTD_THRESHOLD`` bytes are written
+zstd-compressed (``.zst``); ``mncore-dump DIR`` prints the manifest.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from typing import Any
+
+import torch
+import torch.fx as fx
+import zstandard
+
+from mncore.compiler.program import Executable
+from mncore.runtime.state import settings
+
+ZSTD_THRESHOLD = 1 << 20
+MANIFEST = "manifest.json"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _io(node: fx.Node, label: str, where: dict[str, str], dirty: bool) -> dict[str, Any]:
+    meta = node.meta["mn"][0]
+    return {"name": label, "node": node.name, "shape": list(meta[0]), "dtype": _dtype_name(meta[2]),
+            "layout": {"kind": "RowMajor", "strides": list(meta[1])}, "dram": where.get(node.name),
+            "dirty": dirty}
+
+
+def manifest(exe: Executable, input_names: dict[int, str] | None = None,
+             output_names: dict[int, str] | None = None, extra: dict | None = None) -> dict[str, Any]:
+    """Everything a user needs to see what the compiler made of a graph, as plain JSON data."""
+    import mncore
+
+    graph = exe.gm.graph
+    where = {p.name: f"DRAM@{p.start}-{p.end}" for p in exe.plan.placements} if exe.plan else {}
+    placeholders = [n for n in graph.nodes if n.op == "placeholder" and n.meta["mn"][0] is not None]
+    out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
+    input_names, output_names = input_names or {}, output_names or {}
+    m = {
+        "graph": exe.name,
+        "key": exe.name.removeprefix("graph_"),
+        "device": settings.device,
+        "precision_policy": exe.policy,
+        "versions": {"mncore": mncore.__version__, "compiler": exe.stats.get("compiler_version"),
+                     "torch": exe.stats.get("torch")},
+        "inputs": [_io(n, input_names.get(i, n.name), where, False) for i, n in enumerate(placeholders)],
+        "outputs": [_io(n, output_names.get(i, f"out{i}"), where, True) for i, n in enumerate(out_node.args[0])],
+        "stats": {k: v for k, v in exe.stats.items()},
+        "kernels": [k.describe() for k in exe.kernels],
+        "memory_plan": exe.plan.describe() if exe.plan else None,
+    }
+    m.update(extra or {})
+    return m
+
+
+def program_text(exe: Executable) -> str:
+    """The kernel program, one block per kernel, each op with its output shapes."""
+    lines = [f"# {exe.name}: {len(exe.kernels)} kernels, {exe.stats.get('flops', 0):,} FLOPs, "
+             f"{exe.stats.get('bytes', 0):,} bytes, modelled {exe.modelled_s * 1e6:.1f} us ({exe.policy})"]
+    for k in exe.kernels:
+        lines.append(f"kernel {k.index} [{k.kind}, {k.fmt}] {k.flops:,} FLOPs {k.bytes:,} B "
+                     f"{k.time_s * 1e6:.2f} us {k.bound}-bound; inputs: {', '.join(n.name for n in k.inputs)}")
+        for n in k.nodes:
+            shapes = ", ".join(f"{_dtype_name(m[2])}{list(m[0])}" for m in n.meta["mn"] if m is not None)
+            args = fx.node.map_arg(n.args, lambda a: f"%{a.name}")
+            lines.append(f"  %{n.name} = {getattr(n.target, '__name__', n.target)}{tuple(args)} -> {shapes}")
+        lines.append(f"  outputs: {', '.join(n.name for n in k.outputs)}")
+    return "\n".join(lines) + "\n"
+
+
+def _write(path: pathlib.Path, name: str, text: str) -> None:
+    data = text.encode()
+    stale = path / (name + ".zst") if len(data) <= ZSTD_THRESHOLD else path / name
+    stale.unlink(missing_ok=True)
+    if len(data) > ZSTD_THRESHOLD:
+        (path / (name + ".zst")).write_bytes(zstandard.ZstdCompressor(level=9).compress(data))
+    else:
+        (path / name).write_bytes(data)
+
+
+def write(path: str | os.PathLike, exe: Executable | None, man: dict[str, Any]) -> pathlib.Path:
+    """Write manifest, program listing and FX code of ``exe`` into ``path`` (created if needed)."""
+    path = pathlib.Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / MANIFEST).write_text(json.dumps(man, indent=2, default=str))
+    if exe is not None:
+        _write(path, "program.txt", program_text(exe))
+        _write(path, "graph.py", exe.gm.code)
+    return path
+
+
+def write_lazy(exe: Executable) -> None:
+    """Lazy mode: one directory per graph under ``MNCORE_CODEGEN_DIR`` (nothing when unset)."""
+    root = os.environ.get("MNCORE_CODEGEN_DIR")
+    if root:
+        write(pathlib.Path(root) / exe.name, exe, manifest(exe))
+
+
+def read_text(path: pathlib.Path, name: str) -> str:
+    """A codegen file, transparently decompressing ``.zst``."""
+    if (path / name).exists():
+        return (path / name).read_text()
+    return zstandard.ZstdDecompressor().decompress((path / (name + ".zst")).read_bytes()).decode()

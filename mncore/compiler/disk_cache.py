@@ -1,0 +1,166 @@
+"""The persistent compile cache behind the in-memory LRU (MLSDK's multi-level cache).
+
+Entries live in ``MNCORE_CACHE_DIR`` (lazy mode) or the Context API's ``CacheOptions(path)``, one
+file per graph, named by the graph's content hash, device kind, precision policy, compiler
+version and torch version. A file is ``MAGIC``, the SHA-256 of its payload and the payload (a
+zstd-compressed pickle of the executable in plain data), written to a temporary file and renamed
+into place, so readers never see half an entry. A per-entry lock file makes concurrent processes
+that need the same graph compile it once. A checksum mismatch or an unreadable payload is
+warned about, counted (``disk_cache_corrupt``), recompiled and replaced. ``MNCORE_CACHE_READONLY=1``
+(or ``CacheOptions(..., read_only=True)``) reads a shared cache without ever writing to it.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pickle
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import filelock
+import torch
+import torch.fx as fx
+import zstandard
+
+from mncore.compiler import lowering, serialize
+from mncore.compiler.fusion import Kernel
+from mncore.compiler.pipeline import COMPILER_VERSION
+from mncore.compiler.program import Executable
+from mncore.devices.board import lock_timeout
+from mncore.runtime import metrics
+from mncore.runtime.state import settings
+
+MAGIC = b"MNCORE-CACHE-1\n"
+
+
+class CacheLockTimeout(TimeoutError):
+    """Another process held a cache entry's compile lock for longer than ``MNCORE_LOCK_TIMEOUT``."""
+
+
+class CacheCorruptWarning(UserWarning):
+    """A cache entry failed its checksum or could not be decoded; it is recompiled and replaced."""
+
+
+_override: list[tuple[Path, bool] | None] = [None]
+
+
+@contextlib.contextmanager
+def using(path: str | os.PathLike | None, read_only: bool = False) -> Iterator[None]:
+    """Use ``path`` as the cache directory inside the block (the Context API's ``CacheOptions``)."""
+    saved = _override[0]
+    _override[0] = (Path(path), read_only) if path is not None else None
+    try:
+        yield
+    finally:
+        _override[0] = saved
+
+
+def _location() -> tuple[Path, bool] | None:
+    if _override[0] is not None:
+        return _override[0]
+    env = os.environ.get("MNCORE_CACHE_DIR")
+    if not env:
+        return None
+    return Path(env), os.environ.get("MNCORE_CACHE_READONLY", "") not in ("", "0")
+
+
+def entry_path(directory: Path, name: str, policy: str) -> Path:
+    return directory / f"{name}-{settings.kind}-{policy}-c{COMPILER_VERSION}-torch{torch.__version__}.mnx"
+
+
+def _encode(exe: Executable) -> bytes:
+    nodes = list(exe.gm.graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    kernels = [(k.index, k.anchor, [index[n] for n in k.nodes], [index[n] for n in k.inputs],
+                [index[n] for n in k.outputs], k.flops, k.bytes, k.fmt, k.time_s, k.bound) for k in exe.kernels]
+    payload = {"name": exe.name, "policy": exe.policy, "graph": serialize.encode_graph(exe.gm.graph),
+               "kernels": kernels, "plan": exe.plan, "stats": exe.stats, "output_metas": exe.output_metas,
+               "n_nodes": exe.n_nodes}
+    return zstandard.ZstdCompressor(level=3).compress(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _decode(data: bytes, key: Any) -> Executable:
+    p = pickle.loads(zstandard.ZstdDecompressor().decompress(data))
+    graph = serialize.decode_graph(p["graph"])
+    nodes = list(graph.nodes)
+    kernels = [Kernel(index=i, anchor=a, nodes=[nodes[j] for j in ns], inputs=[nodes[j] for j in ins],
+                      outputs=[nodes[j] for j in outs], flops=f, bytes=b, fmt=fmt, time_s=t, bound=bound)
+               for i, a, ns, ins, outs, f, b, fmt, t, bound in p["kernels"]]
+    return Executable(name=p["name"], gm=fx.GraphModule(torch.nn.Module(), graph), n_nodes=p["n_nodes"], key=key,
+                      policy=p["policy"], kernels=kernels, plan=p["plan"], stats=p["stats"],
+                      emulate=settings.simulated, output_metas=p["output_metas"])
+
+
+def _read(path: Path, key: Any) -> Executable | None:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    digest_end = len(MAGIC) + 64
+    try:
+        if not raw.startswith(MAGIC):
+            raise ValueError("not an mncore cache entry (bad header)")
+        digest, data = raw[len(MAGIC):digest_end].decode(), raw[digest_end:]
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise ValueError("checksum mismatch (truncated or corrupted)")
+        return _decode(data, key)
+    except Exception as e:  # noqa: BLE001 - any damage means: do not trust, recompile
+        metrics.add("disk_cache_corrupt")
+        warnings.warn(f"mncore: corrupt compile cache entry {path}: {e}; recompiling it", CacheCorruptWarning,
+                      stacklevel=2)
+        return None
+
+
+def _write(path: Path, exe: Executable) -> None:
+    data = _encode(exe)
+    blob = MAGIC + hashlib.sha256(data).hexdigest().encode() + data
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def get_or_compile(name: str, policy: str, key: Any, compile_fn: Callable[[], Executable]) -> Executable:
+    """The cached executable for this graph, or ``compile_fn()``'s result stored for other processes."""
+    loc = _location()
+    if loc is None or lowering.has_overrides():
+        return compile_fn()
+    directory, read_only = loc
+    path = entry_path(directory, name, policy)
+    exe = _read(path, key)
+    if exe is not None:
+        metrics.add("disk_cache_hits")
+        return exe
+    metrics.add("disk_cache_misses")
+    if read_only:
+        return compile_fn()
+    directory.mkdir(parents=True, exist_ok=True)
+    lock = filelock.FileLock(str(path) + ".lock")
+    timeout = lock_timeout()
+    try:
+        with lock.acquire(timeout=timeout):
+            if path.exists():  # another process compiled it while we waited
+                exe = _read(path, key)
+                if exe is not None:
+                    metrics.add("disk_cache_hits")
+                    return exe
+            exe = compile_fn()
+            try:
+                _write(path, exe)
+            except serialize.NotSerializable:
+                pass
+            return exe
+    except filelock.Timeout:
+        raise CacheLockTimeout(f"mncore: timed out after {timeout:g} s (MNCORE_LOCK_TIMEOUT) waiting for the compile "
+                               f"lock {lock.lock_file}; another process is compiling {name}") from None

@@ -1,0 +1,74 @@
+"""The compiler: traced graph -> passes -> fusion -> precision -> cost -> memory plan -> executable."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from mncore.compiler import fusion, memory_plan, passes, precision
+from mncore.compiler.program import Executable
+from mncore.sim.cost import cost_model
+
+COMPILER_VERSION = "1"
+
+
+class StaticShapeError(RuntimeError):
+    """A graph holds a value whose shape is not known at compile time."""
+
+
+def _check_static(graph: fx.Graph, name: str) -> None:
+    for n in graph.nodes:
+        for m in n.meta.get("mn") or ():
+            if m is not None and not all(type(s) is int for s in m[0]):
+                raise StaticShapeError(f"mncore: graph {name}: op {n.target} (node {n.name}) has the dynamic shape "
+                                       f"{list(m[0])}; MN-Core graphs need every shape fixed at compile time")
+
+
+def _value_bytes(node: fx.Node, policy: str) -> int:
+    return sum(precision.storage_bytes(m, policy) for m in node.meta.get("mn") or ())
+
+
+def compile_graph(graph: fx.Graph, name: str, key: Any, policy: str, emulate: bool) -> Executable:
+    """Optimise ``graph`` in place and build its executable with kernels, plan and modelled cost."""
+    precision.check_policy(policy)
+    _check_static(graph, name)
+    stats: dict[str, Any] = passes.run(graph)
+    kernels = fusion.fuse(graph)
+    model = cost_model()
+    home = {n: k.index for k in kernels for n in k.nodes}
+    n_k = len(kernels)
+    for k in kernels:
+        k.fmt = precision.kernel_format(policy, k.kind)
+        k.bytes = sum(_value_bytes(n, policy) for n in k.inputs) + sum(_value_bytes(n, policy) for n in k.outputs)
+        c = model.kernel(k.kind, k.flops, k.bytes, k.fmt)
+        k.time_s, k.bound = c.seconds, c.bound
+    values = []
+    outputs = {o for k in kernels for o in k.outputs}
+    for n in graph.nodes:
+        if n.op == "placeholder" and (n.meta.get("mn") or [None])[0] is not None:
+            values.append((n.name, _value_bytes(n, policy), -1, n_k))
+        elif n in outputs:
+            last = max((n_k if u.op == "output" else home.get(u, n_k) for u in n.users), default=home[n])
+            values.append((n.name, _value_bytes(n, policy), home[n], last))
+    plan = memory_plan.plan(values, n_k)
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    compute = sum(k.time_s for k in kernels)
+    stats.update({
+        "nodes": sum(1 for n in graph.nodes if n.op == "call_function"),
+        "kernels": n_k,
+        "kernels_by_kind": {kind: sum(1 for k in kernels if k.kind == kind) for kind in
+                            ("injective", "elementwise", "reduction", "complex", "opaque")},
+        "flops": sum(k.flops for k in kernels),
+        "bytes": sum(k.bytes for k in kernels),
+        "modelled_s": compute + model.launch_s,
+        "compute_bound_s": sum(k.time_s for k in kernels if k.bound == "compute"),
+        "peak_bytes": plan.peak_bytes,
+        "policy": policy,
+        "compiler_version": COMPILER_VERSION,
+        "torch": torch.__version__,
+    })
+    out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
+    return Executable(name=name, gm=gm, n_nodes=stats["nodes"], key=key, policy=policy, kernels=kernels,
+                      plan=plan, stats=stats, emulate=emulate,
+                      output_metas=[n.meta["mn"][0] for n in out_node.args[0]])
