@@ -6,6 +6,10 @@
 * complex: matmul, conv and attention, which accept an elementwise epilogue;
 * opaque: everything else (indexing, sorting, gathers), never fused.
 
+A kernel made only of view ops (transpose, reshape, slicing) is a *view* kernel: the device
+reads its input with another layout, so it costs no time and no traffic and its outputs alias
+its input in the memory plan.
+
 Fusion walks the graph in order. An injective or elementwise node joins the kernel of its
 producers when they all sit in one kernel that is elementwise-only or anchored by a complex op
 (an epilogue); a reduction joins an elementwise-only kernel (a prologue); complex and opaque ops
@@ -84,6 +88,18 @@ def op_class(target: Any) -> str:
     return "opaque"
 
 
+_VIEW_LIKE = {"reshape", "_unsafe_view", "view", "t", "permute", "transpose", "expand", "squeeze", "unsqueeze",
+              "slice", "select", "alias", "detach", "as_strided", "split", "unbind", "chunk", "narrow"}
+
+
+def is_view(target: Any) -> bool:
+    """Ops that only reinterpret a buffer's layout: on the device they cost no kernel and no traffic."""
+    if target is operator.getitem:
+        return True
+    return isinstance(target, torch._ops.OpOverload) and (
+        target.is_view or target._schema.name.split("::")[-1] in _VIEW_LIKE)
+
+
 def numel(meta: Any) -> int:
     return math.prod(meta[0]) if meta is not None else 0
 
@@ -140,7 +156,11 @@ class Kernel:
 
     @property
     def kind(self) -> str:
-        return self.anchor or ("injective" if all(n.meta["mn_class"] == "injective" for n in self.nodes) else "elementwise")
+        if self.anchor:
+            return self.anchor
+        if all(is_view(n.target) for n in self.nodes):
+            return "view"
+        return "injective" if all(n.meta["mn_class"] == "injective" for n in self.nodes) else "elementwise"
 
     def describe(self) -> dict[str, Any]:
         return {"kernel": self.index, "kind": self.kind, "format": self.fmt,

@@ -29,6 +29,24 @@ def _value_bytes(node: fx.Node, policy: str) -> int:
     return sum(precision.storage_bytes(m, policy) for m in node.meta.get("mn") or ())
 
 
+def _plan_values(graph: fx.Graph, kernels: list, home: dict, alias: dict, policy: str) -> list[tuple]:
+    """(name, bytes, first kernel, last kernel) of every DRAM value; views extend their base's life."""
+    n_k = len(kernels)
+    last: dict[fx.Node, int] = {}
+    first: dict[fx.Node, int] = {}
+    for n in graph.nodes:
+        if n.op == "placeholder" and (n.meta.get("mn") or [None])[0] is not None:
+            first[n], last[n] = -1, n_k
+    for k in kernels:
+        for o in k.outputs:
+            use = max((n_k if u.op == "output" else home.get(u, n_k) for u in o.users), default=k.index)
+            root = alias.get(o, o)
+            if root is o:
+                first[o] = k.index
+            last[root] = max(last.get(root, k.index), use)
+    return [(n.name, _value_bytes(n, policy), first[n], last[n]) for n in first]
+
+
 def compile_graph(graph: fx.Graph, name: str, key: Any, policy: str, emulate: bool) -> Executable:
     """Optimise ``graph`` in place and build its executable with kernels, plan and modelled cost."""
     precision.check_policy(policy)
@@ -38,20 +56,20 @@ def compile_graph(graph: fx.Graph, name: str, key: Any, policy: str, emulate: bo
     model = cost_model()
     home = {n: k.index for k in kernels for n in k.nodes}
     n_k = len(kernels)
+    alias: dict[fx.Node, fx.Node] = {}  # outputs of view kernels -> the buffer they reinterpret
     for k in kernels:
         k.fmt = precision.kernel_format(policy, k.kind)
+        if k.kind == "view":
+            base = k.inputs[0] if len(k.inputs) == 1 else None
+            for o in k.outputs:
+                if base is not None:
+                    alias[o] = alias.get(base, base)
+            if base is not None:
+                continue
         k.bytes = sum(_value_bytes(n, policy) for n in k.inputs) + sum(_value_bytes(n, policy) for n in k.outputs)
         c = model.kernel(k.kind, k.flops, k.bytes, k.fmt)
         k.time_s, k.bound = c.seconds, c.bound
-    values = []
-    outputs = {o for k in kernels for o in k.outputs}
-    for n in graph.nodes:
-        if n.op == "placeholder" and (n.meta.get("mn") or [None])[0] is not None:
-            values.append((n.name, _value_bytes(n, policy), -1, n_k))
-        elif n in outputs:
-            last = max((n_k if u.op == "output" else home.get(u, n_k) for u in n.users), default=home[n])
-            values.append((n.name, _value_bytes(n, policy), home[n], last))
-    plan = memory_plan.plan(values, n_k)
+    plan = memory_plan.plan(_plan_values(graph, kernels, home, alias, policy), n_k)
     gm = fx.GraphModule(torch.nn.Module(), graph)
     compute = sum(k.time_s for k in kernels)
     stats.update({
