@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install clean bench registry
+.PHONY: run test install clean bench registry report
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -24,6 +24,11 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/trace_overhead.py
+
+# Performance reports on pfvm:cpu (+ mncore2:auto performance mode when it exists): reports/out/ (everything,
+# incl. Chrome traces) and the commit-ready copy reports/published/ (Markdown, PNGs, CSVs).
+report: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/harness report all --publish reports/published
 
 registry: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/harness registry record --configs tiny,default --jobs 2

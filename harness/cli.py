@@ -45,10 +45,22 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--op", help="e.g. aten.addmm or aten.addmm.default")
             p.add_argument("--model", help="zoo model name (optionally name:config)")
             p.add_argument("--limit", type=int, default=50)
+    from harness import report_cmd
+
+    report_cmd.add_arguments(sub.add_parser("report", help="performance reports (MLP width sweep, async modes, models)"))
+    from harness.fuzz import add_arguments as fuzz_arguments
+
+    fuzz_arguments(sub.add_parser("fuzz", help="registry-driven fuzzing of mncore against eager PyTorch"))
     args = ap.parse_args(argv)
 
     if args.cmd == "run":
         return _run(args)
+    if args.cmd == "report":
+        return report_cmd.main(args)
+    if args.cmd == "fuzz":
+        from harness.fuzz.campaign import main as fuzz_main
+
+        return fuzz_main(args)
     if args.cmd == "zoo":
         from harness.zoo_cmd import table
 

@@ -120,6 +120,9 @@ def _write(path: Path, exe: Executable) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600 files; a shared cache must be readable by others
         with os.fdopen(fd, "wb") as f:
             f.write(blob)
             f.flush()
@@ -131,6 +134,14 @@ def _write(path: Path, exe: Executable) -> None:
         raise
 
 
+def _stat(path: Path) -> tuple | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
 def get_or_compile(name: str, policy: str, key: Any, compile_fn: Callable[[], Executable]) -> Executable:
     """The cached executable for this graph, or ``compile_fn()``'s result stored for other processes."""
     loc = _location()
@@ -138,6 +149,7 @@ def get_or_compile(name: str, policy: str, key: Any, compile_fn: Callable[[], Ex
         return compile_fn()
     directory, read_only = loc
     path = entry_path(directory, name, policy)
+    seen = _stat(path)
     exe = _read(path, key)
     if exe is not None:
         metrics.add("disk_cache_hits")
@@ -150,7 +162,7 @@ def get_or_compile(name: str, policy: str, key: Any, compile_fn: Callable[[], Ex
     timeout = lock_timeout()
     try:
         with lock.acquire(timeout=timeout):
-            if path.exists():  # another process compiled it while we waited
+            if _stat(path) not in (None, seen):  # another process wrote it while we waited
                 exe = _read(path, key)
                 if exe is not None:
                     metrics.add("disk_cache_hits")

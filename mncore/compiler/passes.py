@@ -55,10 +55,10 @@ def cse(graph: fx.Graph) -> dict[str, int]:
         if other is None:
             seen[key] = node
             continue
+        constant = not _has_node(node.args) and not _has_node(node.kwargs)
         node.replace_all_uses_with(other)
         graph.erase_node(node)
-        stats["constants_deduplicated" if not _has_node(node.args) and not _has_node(node.kwargs)
-              else "cse_eliminated"] += 1
+        stats["constants_deduplicated" if constant else "cse_eliminated"] += 1
     return stats
 
 

@@ -76,7 +76,7 @@ def compile_graph(graph: fx.Graph, name: str, key: Any, policy: str, emulate: bo
         "nodes": sum(1 for n in graph.nodes if n.op == "call_function"),
         "kernels": n_k,
         "kernels_by_kind": {kind: sum(1 for k in kernels if k.kind == kind) for kind in
-                            ("injective", "elementwise", "reduction", "complex", "opaque")},
+                            ("view", "injective", "elementwise", "reduction", "complex", "opaque")},
         "flops": sum(k.flops for k in kernels),
         "bytes": sum(k.bytes for k in kernels),
         "modelled_s": compute + model.launch_s,

@@ -23,6 +23,7 @@ import torch
 from mncore.sim.hardware import hardware
 
 POLICIES = ("double", "float", "mixed", "half")
+_MANTISSA_BITS = {torch.float64: 52, torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}
 
 
 def check_policy(name: str) -> str:
@@ -61,7 +62,7 @@ def round_to_format(x: torch.Tensor, fmt: str) -> torch.Tensor:
         return x
     spec = hardware().formats[fmt]
     man, exp = spec["mantissa_bits"], spec["exponent_bits"]
-    if man >= torch.finfo(x.dtype).nmant:
+    if man >= _MANTISSA_BITS.get(x.dtype, 0):
         return x
     m, e = torch.frexp(x)
     scale = float(2 ** (man + 1))

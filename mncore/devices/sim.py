@@ -34,9 +34,10 @@ def attach(name: str) -> str:
         which = name.split(":", 1)[1]
         if held is not None and (which == "auto" or int(which) == held.index):
             return held.name
+        new = boards.acquire(which)  # a failure here leaves the board we hold untouched
         detach()
-        _board[0] = boards.acquire(which)
-        return _board[0].name
+        _board[0] = new
+        return new.name
     detach()
     return name
 

@@ -133,7 +133,12 @@ def sync(wait: bool = False, reason: str = "user") -> None:
     tracer.pending = weakref.WeakSet()
     tracer.epoch += 1
     if storages:
-        _submit(storages)
+        try:
+            _submit(storages)
+        except BaseException:  # nothing was submitted: keep the graph pending so no value is lost
+            for st in storages:
+                tracer.pending.add(st)
+            raise
     metrics.add("syncs")
     t1 = timeline.now()
     timeline.record("host", f"sync ({reason})", t0, t1)

@@ -1,0 +1,33 @@
+"""Registry-driven fuzzing of the mncore backend (``harness fuzz``).
+
+Seeds are shape-registry rows; ``mutate`` derives cases (``cases``), ``worker`` runs them in an
+isolated process against the ``oracles`` (eager PyTorch is the reference), ``shrink`` minimises
+failures, ``findings`` writes deduplicated repro scripts and ``campaign`` is the loop. This module
+only declares the command line, so ``harness --help`` does not import torch.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "fuzz"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``harness fuzz`` options."""
+    p.add_argument("--seconds", type=float, default=60.0, help="fuzzing time budget (default 60)")
+    p.add_argument("--seed", type=int, default=0, help="campaign seed: the same seed and --cases give the same cases")
+    p.add_argument("--cases", type=int, default=None, help="case budget (stop after N cases even if time is left)")
+    p.add_argument("--ops", default=None,
+                   help="op names to fuzz: comma-separated globs (aten.add*) or regexes (^aten\\.(mul|add)\\.Tensor$)")
+    p.add_argument("--backend", default="pfvm:cpu", help="mncore device string (default pfvm:cpu)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
+    p.add_argument("--plugin", default=None,
+                   help="Python module (or .py file) imported in the worker before any case, e.g. one that "
+                        "registers a lowering with mncore.compiler.register_lowering; recorded in repros")
+    p.add_argument("--case-timeout", type=float, default=20.0,
+                   help="seconds before a case counts as a hang (plus 20x its eager time)")
+    p.add_argument("--shrink-seconds", type=float, default=20.0, help="shrinking budget per distinct finding")
+    p.add_argument("--max-numel", type=int, default=1 << 16,
+                   help="prefer registry rows with at most this many input elements and keep mutations under it")
+    p.add_argument("--registry", type=Path, default=None, help="shape registry file (default: the checked-in one)")

@@ -1,0 +1,257 @@
+"""The fuzzing loop: generate, run isolated, record, and for each new failure confirm, shrink, write a repro.
+
+Output (``--out``, default ``fuzz/``): ``results.jsonl`` (one line per case, written as the
+campaign runs), ``findings/`` (one repro per distinct signature) and ``summary.json`` (written
+last, from the same counters). ``worker.log`` collects the workers' stdout/stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness import expected
+from harness.fuzz import DEFAULT_OUT
+from harness.fuzz.cases import Case, tensor_specs
+from harness.fuzz.findings import Findings, signature
+from harness.fuzz.mutate import generate, seed_rows
+from harness.fuzz.shrink import shrink
+from harness.fuzz.worker import Worker, WorkerSetupError
+from harness.registry_cmd import DEFAULT_PATH
+from shape_registry import Registry
+
+REPRODUCIBILITY = ("case i depends only on (seed, i, the --ops selection, --max-numel, the registry): the same seed "
+                   "and --cases give the same cases; a --seconds budget only changes how many of them run")
+
+
+@dataclass
+class Config:
+    seconds: float = 60.0
+    seed: int = 0
+    cases: int | None = None
+    ops: str | None = None
+    backend: str = "pfvm:cpu"
+    out: Path = DEFAULT_OUT
+    plugin: str | None = None
+    case_timeout: float = 20.0
+    shrink_seconds: float = 20.0
+    max_numel: int = 1 << 16
+    registry: Path | None = None
+    progress: bool = True
+
+    def command(self) -> str:
+        parts = ["harness fuzz", f"--seconds {self.seconds:g}", f"--seed {self.seed}"]
+        for flag, v in (("--cases", self.cases), ("--ops", self.ops), ("--plugin", self.plugin)):
+            if v is not None:
+                parts.append(f"{flag} '{v}'" if flag == "--ops" else f"{flag} {v}")
+        if self.backend != "pfvm:cpu":
+            parts.append(f"--backend {self.backend}")
+        return " ".join(parts)
+
+
+@dataclass
+class Stats:
+    """Counters the summary is made of (all from cases that ran)."""
+    outcomes: Counter = field(default_factory=Counter)
+    categories: Counter = field(default_factory=Counter)
+    checks: dict[str, Counter] = field(default_factory=dict)
+    ops: Counter = field(default_factory=Counter)
+    failures: dict[str, dict] = field(default_factory=dict)
+    flaky: dict[str, dict] = field(default_factory=dict)
+    case_s: float = 0.0
+    shrink_s: float = 0.0
+
+    def add(self, case: Case, res: dict) -> None:
+        self.outcomes[res["status"]] += 1
+        self.categories[res.get("category", "valid")] += 1
+        self.ops[case.op] += 1
+        for oracle, verdict in res.get("checks", {}).items():
+            self.checks.setdefault(oracle, Counter())[verdict.split(":")[0]] += 1
+        self.case_s += res.get("timings", {}).get("case", 0.0)
+
+
+def select_rows(cfg: Config) -> dict[str, list]:
+    """Seed rows per op for ``cfg`` (rows listed in ci/expected_op_failures.json are left out)."""
+    path = cfg.registry or DEFAULT_PATH
+    known = expected.load()
+    rows = seed_rows(Registry.load(path).sorted(), cfg.ops, cfg.max_numel,
+                     skip=lambda e: any(x.matches(e.op, {t["dtype"] for t in e.tensors()}, cfg.backend) for x in known))
+    if not rows:
+        raise ValueError(f"--ops {cfg.ops!r} matches no op of the shape registry {path}")
+    return rows
+
+
+def plan(cfg: Config, n: int) -> list[Case]:
+    """The first ``n`` cases a campaign with ``cfg`` runs (whatever its time budget)."""
+    rows = select_rows(cfg)
+    return [generate(rows, cfg.seed, i, cfg.max_numel) for i in range(n)]
+
+
+def _known_failure(case: Case, backend: str, known: list) -> bool:
+    entry = case.entry()
+    dtypes = {s["dtype"] for _, s in tensor_specs(entry.args, entry.kwargs)}
+    return any(x.matches(case.op, dtypes, backend) for x in known)
+
+
+class Campaign:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.out = Path(cfg.out)
+        self.stats = Stats()
+        self.meta = {"seed": cfg.seed, "backend": cfg.backend, "plugin": cfg.plugin, "command": cfg.command(),
+                     "case_timeout": cfg.case_timeout, "torch": torch.__version__}
+
+    def run(self) -> dict:
+        cfg, t_start = self.cfg, time.monotonic()
+        worker = Worker(cfg.backend, cfg.plugin, self.out / "worker.log", cfg.case_timeout)
+        worker.prepare()
+        registry_path = cfg.registry or DEFAULT_PATH
+        known = expected.load()
+        rows = select_rows(cfg)
+        self.out.mkdir(parents=True, exist_ok=True)
+        findings = Findings(self.out)
+        (self.out / "worker.log").write_text("")
+        worker.start()
+        startup_s = time.monotonic() - t_start
+        t_fuzz = time.monotonic()
+        deadline = t_fuzz + cfg.seconds
+        bar = _Bar(cfg.cases, cfg.progress)
+        n = 0
+        try:
+            with (self.out / "results.jsonl").open("w") as results:
+                while (cfg.cases is None or n < cfg.cases) and time.monotonic() < deadline:
+                    case = generate(rows, cfg.seed, n, cfg.max_numel)
+                    res = worker.run(case.to_json())
+                    sig = signature(case.op, res)
+                    if sig and _known_failure(case, cfg.backend, known):
+                        res["status"], sig = "xfail", None  # listed in ci/expected_op_failures.json
+                    self.stats.add(case, res)
+                    results.write(json.dumps({"index": n, "op": case.op, "describe": case.describe(), "signature": sig,
+                                              **res, "case": case.to_json()}, default=str) + "\n")
+                    results.flush()
+                    n += 1
+                    if sig:
+                        self._failure(sig, case, res, worker, findings)
+                    bar.update(n, time.monotonic() - t_fuzz, len(self.stats.failures))
+        finally:
+            bar.close()
+            worker.stop()
+        elapsed = time.monotonic() - t_start
+        summary = self._summary(n, elapsed, time.monotonic() - t_fuzz, startup_s, rows, registry_path, worker)
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        return summary
+
+    def _failure(self, sig: str, case: Case, res: dict, worker: Worker, findings: Findings) -> None:
+        """First sighting of ``sig``: confirm it in a fresh worker, shrink it, write the repro."""
+        known = self.stats.failures.get(sig) or self.stats.flaky.get(sig)
+        if known is not None:
+            known["count"] += 1
+            return
+        t0 = time.monotonic()
+        worker.restart()
+        again = worker.run(case.to_json())
+        if signature(case.op, again) != sig:
+            self.stats.flaky[sig] = {"count": 1, "first_case": case.index, "message": res.get("message", ""),
+                                     "rerun": again.get("status")}
+            worker.restart()
+            self.stats.shrink_s += time.monotonic() - t0
+            return
+        small, info = shrink(case, sig, lambda c: worker.run(c.to_json()), self.cfg.shrink_seconds)
+        final = again
+        if small is not case:
+            worker.restart()
+            final = worker.run(small.to_json())
+            if signature(small.op, final) != sig:  # only reproduced after earlier attempts: keep the original
+                small, final, info["fallback"] = case, again, "shrunk case did not reproduce in a fresh worker"
+        worker.restart()
+        script = findings.write(sig, case, small, final, info, self.meta)
+        self.stats.failures[sig] = {
+            "count": 1, "first_case": case.index, "kind": res["kind"], "oracle": res["oracle"],
+            "category": res.get("category"), "message": str(final.get("message", ""))[:1000],
+            "repro": str(script), "original_numel": case.numel(), "shrunk_numel": small.numel(),
+            "original_size": list(case.size_key()), "shrunk_size": list(small.size_key()),
+            "shrunk": small.describe(), "shrink": info,
+        }
+        self.stats.shrink_s += time.monotonic() - t0
+
+    def _summary(self, n: int, elapsed: float, fuzz_s: float, startup_s: float, rows: dict, registry_path: Path,
+                 worker: Worker) -> dict:
+        s = self.stats
+        return {
+            **{k: v for k, v in self.meta.items() if k != "case_timeout"},
+            "python": platform.python_version(),
+            "ops_pattern": self.cfg.ops,
+            "registry": str(registry_path),
+            "seed_ops": len(rows), "seed_rows": sum(len(v) for v in rows.values()),
+            "budget": {"seconds": self.cfg.seconds, "cases": self.cfg.cases, "case_timeout": self.cfg.case_timeout,
+                       "shrink_seconds": self.cfg.shrink_seconds, "max_numel": self.cfg.max_numel},
+            "reproducibility": REPRODUCIBILITY,
+            "cases_run": n,
+            "elapsed_s": round(elapsed, 2), "startup_s": round(startup_s, 2), "fuzz_s": round(fuzz_s, 2),
+            "case_s": round(s.case_s, 2), "shrink_s": round(s.shrink_s, 2),
+            "cases_per_second": round(n / fuzz_s, 2) if fuzz_s > 0 else 0.0,
+            "cases_per_second_note": "cases / fuzz_s; fuzz_s includes confirming and shrinking findings",
+            "ops_covered": sorted(s.ops), "n_ops_covered": len(s.ops), "cases_per_op": dict(sorted(s.ops.items())),
+            "outcomes": dict(s.outcomes), "categories": dict(s.categories),
+            "checks": {k: dict(v) for k, v in sorted(s.checks.items())},
+            "distinct_failures": len(s.failures),
+            "failures": s.failures, "flaky": s.flaky,
+            "worker_starts": worker.starts,
+        }
+
+
+class _Bar:
+    """tqdm on a terminal; a line every 10 s otherwise (CI logs)."""
+
+    def __init__(self, total: int | None, enabled: bool):
+        self.enabled, self.last = enabled, 0.0
+        self.bar: Any = None
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="case", desc="fuzz")
+
+    def update(self, n: int, seconds: float, failures: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(n - self.bar.n)
+            self.bar.set_postfix(failures=failures, rate=f"{n / max(seconds, 1e-9):.1f}/s")
+        elif seconds - self.last >= 10:
+            self.last = seconds
+            print(f"[fuzz {seconds:5.0f}s] {n} cases ({n / seconds:.1f}/s), {failures} distinct failures",
+                  file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def main(args: argparse.Namespace) -> int:
+    """``harness fuzz``: run a campaign, print where its results are; exit 1 if it found failures, 2 on bad options."""
+    cfg = Config(seconds=args.seconds, seed=args.seed, cases=args.cases, ops=args.ops, backend=args.backend,
+                 out=args.out, plugin=args.plugin, case_timeout=args.case_timeout,
+                 shrink_seconds=args.shrink_seconds, max_numel=args.max_numel, registry=args.registry)
+    print(f"harness fuzz: seed {cfg.seed}, {cfg.seconds:g} s" + (f", at most {cfg.cases} cases" if cfg.cases else "")
+          + f", backend {cfg.backend}" + (f", plugin {cfg.plugin}" if cfg.plugin else "") + f" -> {cfg.out}", flush=True)
+    try:
+        s = Campaign(cfg).run()
+    except (ValueError, WorkerSetupError) as e:  # a bad --ops, --backend or --plugin: say so, no traceback
+        print(f"harness fuzz: {e}", file=sys.stderr)
+        return 2
+    print(f"{s['cases_run']} cases in {s['fuzz_s']:.1f} s ({s['cases_per_second']:.1f}/s), {s['n_ops_covered']} ops, "
+          f"outcomes {s['outcomes']}, {s['distinct_failures']} distinct failures")
+    for sig, f in s["failures"].items():
+        print(f"  {sig}  x{f['count']}  repro: {f['repro']}")
+    for sig, f in s["flaky"].items():
+        print(f"  (flaky, not reproduced in a fresh worker) {sig}  x{f['count']}")
+    print(f"results: {cfg.out / 'results.jsonl'}; summary: {cfg.out / 'summary.json'}")
+    return 1 if s["failures"] else 0

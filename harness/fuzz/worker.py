@@ -1,0 +1,253 @@
+"""Isolated execution: cases run in a worker process, so a crash or hang costs one case, not the run.
+
+Workers are forked from a ``multiprocessing`` fork server that has already imported torch and
+mncore (a fresh worker then starts in milliseconds instead of the ~2 s of an import, which keeps
+crash-heavy campaigns and the shrinker's fresh-worker confirmations cheap). The fork server itself
+starts in a clean interpreter, so no parent state or threads are inherited. A worker initialises
+mncore on the backend, imports the plugin module if any, and then answers one case at a time,
+announcing each phase (``eager``, then the oracle it is in) so that a crash or hang is attributed
+to the oracle that was running. Its stdout and stderr go to a log file (fault handler on).
+"""
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import importlib
+import importlib.util
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Iterator
+
+_PRELOAD = ["torch", "mncore", "mncore.context", "harness.fuzz.oracles", "harness.fuzz.warmup"]
+# One tiny case run by every worker before it reports ready (first-call costs of tracing, compiling
+# and the Context API), so that a case's timeout measures the case.
+_WARMUP = {"op": "aten.add.Tensor", "kwargs": {}, "args": [
+    {"t": "tensor", "shape": [2], "dtype": "float32", "stride": [1], "contiguous": True}] * 2}
+READY_TIMEOUT_S = 120.0  # the first start imports torch in the fork server
+HANG_FACTOR = 20.0  # a case may take this many times eager's time on top of the base timeout ...
+MAX_EXTENSION = 5.0  # ... but at most this many base timeouts
+
+
+def load_plugin(plugin: str) -> None:
+    """Import ``plugin``: a module name (``tests.fuzz_plugins.wrong_mul``) or a ``.py`` file path."""
+    if plugin.endswith(".py") or os.sep in plugin:
+        path = Path(plugin).resolve()
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import plugin file {plugin}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module
+        spec.loader.exec_module(module)
+    else:
+        importlib.import_module(plugin)
+
+
+def _worker_main(conn: Any, backend: str, plugin: str | None, cwd: str, log_path: str) -> None:
+    """Entry point of a worker process (runs in the child)."""
+    log = open(log_path, "a", buffering=1)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+    faulthandler.enable(log)
+    sys.path.insert(0, cwd)
+    try:
+        import warnings
+
+        import mncore
+        from harness.fuzz.cases import Case
+        from harness.fuzz.oracles import run_case
+        from mncore.context import Context, MNDevice
+
+        warnings.simplefilter("ignore")  # thousands of cases: warnings would only flood the log
+        # torch.fx's Interpreter (mncore names a failing op with it) builds a tqdm bar, and tqdm's
+        # default lock is a named multiprocessing semaphore, which leaks whenever a worker is killed.
+        import threading
+
+        from tqdm import tqdm
+
+        tqdm.set_lock(threading.RLock())
+        mncore.init(backend, implicit_sync="silent")
+        if plugin:
+            load_plugin(plugin)
+        context = Context(MNDevice(backend))
+        Context.switch_context(context)
+        codegen_dir = tempfile.mkdtemp(prefix="mncore-fuzz-")
+        run_case(Case.from_json(_WARMUP), context, codegen_dir)
+    except BaseException:  # noqa: BLE001 - report set-up failures (bad plugin, bad backend) to the parent
+        conn.send(("setup_error", traceback.format_exc()))
+        return
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        t0 = time.perf_counter()
+        print(f"--- case {msg.get('index')} {msg.get('op')}", flush=True)
+
+        def phase(name: str) -> None:
+            conn.send(("phase", name, time.perf_counter() - t0))
+
+        result = run_case(Case.from_json(msg), context, codegen_dir, phase)
+        conn.send(("done", result))
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Start children without re-importing the parent's ``__main__``.
+
+    ``multiprocessing`` re-runs the parent's main script in every forkserver child (pytest's or
+    ``harness``'s: slow) and fails outright when there is none (``python - < script``). The worker's
+    entry point lives in this module, so the children never need it.
+    """
+    main = sys.modules["__main__"]
+    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__}
+    main.__spec__ = None
+    main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
+        if "__spec__" not in saved:
+            del main.__spec__
+
+
+class WorkerSetupError(RuntimeError):
+    """The worker could not start (bad backend string, plugin import error, ...)."""
+
+
+class Worker:
+    """One worker process at a time; ``run`` returns an outcome dict even when the worker dies."""
+
+    def __init__(self, backend: str, plugin: str | None, log_path: Path, case_timeout: float):
+        self.backend, self.plugin, self.log_path, self.case_timeout = backend, plugin, Path(log_path), case_timeout
+        self.proc: Any = None
+        self.conn: Any = None
+        self.restarts = 0
+        self.starts = 0
+        self._ctx = multiprocessing.get_context("forkserver")
+        self._ctx.set_forkserver_preload(_PRELOAD)
+
+    def prepare(self) -> None:
+        """Launch the fork server now, so its imports overlap with whatever the caller does next."""
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        parent, child = self._ctx.Pipe()
+        self.proc = self._ctx.Process(target=_worker_main, daemon=True,
+                                      args=(child, self.backend, self.plugin, os.getcwd(), str(self.log_path)))
+        with _main_module_hidden():
+            self.proc.start()
+        child.close()
+        self.conn = parent
+        self.starts += 1
+        if not parent.poll(READY_TIMEOUT_S):
+            self.stop()
+            raise WorkerSetupError(f"fuzz worker did not start within {READY_TIMEOUT_S:.0f} s (log: {self.log_path})")
+        try:
+            msg = parent.recv()
+        except EOFError:
+            code = self._reap()
+            raise WorkerSetupError(f"fuzz worker died while starting (exit {code}); log: {self.log_path}") from None
+        if msg[0] != "ready":
+            self.stop()
+            raise WorkerSetupError(f"fuzz worker set-up failed:\n{msg[1]}")
+
+    def _reap(self) -> int | None:
+        if self.proc is None:
+            return None
+        self.proc.join(timeout=5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(timeout=5)
+        code = self.proc.exitcode
+        self.proc, self.conn = None, None
+        return code
+
+    def stop(self) -> None:
+        """Ask the worker to exit; kill it if it does not."""
+        if self.proc is None:
+            return
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        self.proc.join(timeout=2)
+        if self.proc.is_alive():
+            self.proc.kill()
+        self._reap()
+
+    def restart(self) -> None:
+        self.stop()
+        self.restarts += 1
+        self.start()
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.is_alive():
+            self.proc.kill()
+        self._reap()
+
+    def _log_tail(self, n: int = 4000) -> str:
+        """The worker's last output (fault handler traceback, abort message), without case markers."""
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(max(0, f.seek(0, 2) - n))
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return ""
+        lines = [line for line in text.splitlines()[1:] if not line.startswith("--- case ")]
+        return "\n".join(lines)[-1500:] or "(no output)"
+
+    def run(self, case_json: dict) -> dict:
+        """Run one case; a dead worker gives ``kind=crash``, a stuck one ``kind=hang`` (and is killed)."""
+        if self.proc is None:
+            self.start()
+        t_start = time.monotonic()
+        self.conn.send(case_json)
+        phase, deadline, extended = "start", t_start + self.case_timeout, False
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self.conn.poll(remaining):
+                if self.conn.poll(0):
+                    continue
+                self._kill()
+                self.restarts += 1
+                return _abnormal("hang", phase, f"no answer within {deadline - t_start:.1f} s (phase {phase}); "
+                                                f"worker killed and restarted", time.monotonic() - t_start)
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                time.sleep(0.05)
+                code = self._reap()
+                self.restarts += 1
+                tail = self._log_tail()
+                return _abnormal("crash", phase, f"worker died (exit code {code}) in phase {phase}; "
+                                                 f"log tail:\n{tail}", time.monotonic() - t_start)
+            if msg[0] == "phase":
+                phase = msg[1]
+                if phase != "eager" and not extended:  # slow-but-working cases are not hangs
+                    extended = True
+                    deadline = t_start + self.case_timeout + min(HANG_FACTOR * msg[2], MAX_EXTENSION * self.case_timeout)
+            elif msg[0] == "done":
+                result = msg[1]
+                result["timings"]["case"] = time.monotonic() - t_start
+                return result
+
+
+def _abnormal(kind: str, phase: str, message: str, seconds: float) -> dict:
+    """The outcome of a case whose worker crashed or hung; in the eager phase it is not mncore's."""
+    if phase in ("start", "eager"):
+        return {"status": "skip", "category": "valid", "checks": {}, "timings": {"case": seconds},
+                "message": f"eager reference {kind}: {message}"}
+    return {"status": "fail", "category": "valid", "kind": kind, "oracle": phase, "checks": {phase: "fail"},
+            "timings": {"case": seconds}, "message": message}

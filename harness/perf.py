@@ -1,0 +1,581 @@
+"""Performance measurements behind ``harness report``: timed training steps of zoo models.
+
+Each measurement trains a zoo model on a backend in lazy mode (trace every step, ``mncore.sync()``)
+or with the Context API (compile once, call), after ``warmup`` untimed steps, and reads the timed
+window back from the runtime's timeline (host trace spans, device execution spans) and metrics.
+
+A backend is a device string passed to ``mncore.init`` / ``MNDevice`` plus an optional ``sim_mode``
+(``mncore2:auto`` defaults to the simulator's ``performance`` mode: modelled device time, measured
+host time). pfvm devices run real kernels, so every pfvm time is measured wall time.
+
+Per-step numbers (``analyse``), each a median with ``_min``/``_max``/``_mean`` over the timed steps:
+
+- ``step_ms``     interval between consecutive steps' completions on the device (the steady-state
+                  period of the host-trace/device pipeline; N timed steps give N-1 intervals);
+- ``trace_ms``    host time spent producing the step's graph: the timeline's host ``trace`` spans
+                  (everything the host does between two graph cuts: model code, autograd, mncore's
+                  dispatch), clipped to the interval; 0 for the Context API (no tracing per call);
+- ``device_ms``   execution time of the step's graph(s) on the device lane (on a performance-mode
+                  simulator the modelled time; ``device_span_ms`` is how long the worker was held);
+- ``idle_ms``     step interval minus device-busy time inside it; ``util`` = busy / interval;
+- ``dispatch_ms`` / ``sync_ms`` / ``wait_ms`` / ``compile_ms`` the metrics counters ``trace_s``
+                  (time inside ``__torch_dispatch__``), ``sync_s`` (graph cuts), ``wait_s`` (host
+                  waiting on the worker), ``compile_s`` in the window, divided by the steps.
+
+Every cell (one model on one backend) runs in its own child process (``python -m harness.perf``),
+so a crash, an OOM or a hang yields a row instead of a lost report.
+"""
+from __future__ import annotations
+
+import copy
+import gc
+import inspect
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+EXECUTIONS = ("sync", "async_naive", "async")
+MEASURED = "measured wall time"
+MODELLED = "modelled device time, measured host time"
+SIM_PREFIXES = ("mncore2", "emu2")
+
+
+# -- backends --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Backend:
+    """A device string for ``mncore.init``/``MNDevice`` and the simulator mode (None for pfvm)."""
+
+    device: str
+    sim_mode: str | None = None
+
+    @classmethod
+    def parse(cls, text: str, sim_mode: str | None = None) -> Backend:
+        """``pfvm:cpu``, ``pfvm:cuda``, ``mncore2:auto`` (performance mode), ``mncore2:auto@functional``."""
+        device, _, mode = text.strip().partition("@")
+        mode = mode or sim_mode
+        if mode is None and device.startswith(SIM_PREFIXES):
+            mode = "performance"
+        return cls(device, mode or None)
+
+    @property
+    def label(self) -> str:
+        return f"{self.device} ({self.sim_mode})" if self.sim_mode else self.device
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9]+", "_", self.label).strip("_")
+
+    def to_json(self) -> dict:
+        return {"device": self.device, "sim_mode": self.sim_mode}
+
+
+def init_backend(backend: Backend, execution: str = "async") -> None:
+    """``mncore.init`` on ``backend``; the simulator's mode is passed only when there is one."""
+    import mncore
+
+    kwargs: dict[str, Any] = {"implicit_sync": "silent", "execution": execution}
+    if backend.sim_mode is not None:
+        kwargs["sim_mode"] = backend.sim_mode
+        # Context.switch_context re-initialises the device without a sim_mode (from ``mncore2:auto``
+        # to the board it got), so the mode must also come from the environment it falls back to.
+        os.environ["MNCORE_SIM_MODE"] = backend.sim_mode
+    mncore.init(backend.device, **kwargs)
+
+
+def _mndevice(backend: Backend) -> Any:
+    from mncore.context import MNDevice
+
+    if backend.sim_mode is not None and "sim_mode" in inspect.signature(MNDevice).parameters:
+        return MNDevice(backend.device, sim_mode=backend.sim_mode)
+    return MNDevice(backend.device)
+
+
+def probe(backend: Backend) -> str | None:
+    """None if ``backend`` initialises; else ``'unavailable: <error>'`` (ValueError/TypeError from init)."""
+    import mncore
+
+    try:
+        init_backend(backend)
+    except (ValueError, TypeError) as e:
+        return f"unavailable: {e}"
+    finally:
+        try:
+            mncore.init("pfvm:cpu", implicit_sync="silent")
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+    return None
+
+
+# -- timeline analysis -----------------------------------------------------------------------------
+def _overlap(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
+    return sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in spans)
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for s, e in sorted(spans):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def spread(values: list[float], name: str, scale: float = 1.0) -> dict[str, float]:
+    """``name`` (median), ``name_min``, ``name_max`` and ``name_mean`` of ``values`` times ``scale``."""
+    if not values:
+        return {}
+    v = [x * scale for x in values]
+    return {name: statistics.median(v), f"{name}_min": min(v), f"{name}_max": max(v), f"{name}_mean": statistics.fmean(v)}
+
+
+def analyse(events: list[tuple], bounds: list[float]) -> dict[str, Any]:
+    """Per-step figures of a timed window from timeline events and the host's step ends (seconds).
+
+    ``bounds[0]`` is the window start (device idle), ``bounds[i]`` the host's return from step i.
+    Step time is the interval between consecutive steps' completions on the device (the steady-state
+    period of the trace/device pipeline; the first step's ramp-up, with the device idle while the host
+    traces, is left out), so ``idle = step - device`` per interval. Host trace is taken per host step.
+    Falls back to host step ends when the device events do not group evenly into steps.
+    """
+    n = len(bounds) - 1
+    lo, hi = bounds[0], bounds[-1]
+    trace = [(s, e) for lane, name, s, e, _ in events if lane == "host" and name == "trace"]
+    device_ev = sorted((s, e, a) for lane, _, s, e, a in events if lane == "device" and e > lo)
+    device = _union([(s, e) for s, e, _ in device_ev])
+    traces = [_overlap(trace, bounds[i], bounds[i + 1]) for i in range(n)]
+    spans = [e - s for s, e, _ in device_ev]
+    # performance-mode simulators hold the worker for the modelled time (plus sleep overshoot): the
+    # device time of a step is the modelled one; the spans still decide busy and idle
+    modelled = [a.get("modelled_s") if isinstance(a, dict) else None for _, _, a in device_ev]
+    durations = [float(m) for m in modelled] if device_ev and all(m is not None for m in modelled) else spans
+    k = len(durations) // n if n and len(durations) % n == 0 else 0
+    if k:
+        per_step_device = [sum(durations[i * k:(i + 1) * k]) for i in range(n)]
+        ends = [device_ev[(i + 1) * k - 1][1] for i in range(n)]
+    else:
+        per_step_device = [sum(durations) / n] * n if n else []
+        ends = []
+    if len(ends) >= 2:
+        edges, basis = ends, "device completions"
+    else:
+        edges, basis = list(bounds), "host step ends"
+    steps, busy, idle, util = [], [], [], []
+    for a, b in zip(edges, edges[1:]):
+        steps.append(b - a)
+        busy.append(_overlap(device, a, b))
+        idle.append(steps[-1] - busy[-1])
+        util.append(busy[-1] / steps[-1] if steps[-1] > 0 else 0.0)
+    kinds = {str(a.get("time")) for _, _, a in device_ev if isinstance(a, dict) and a.get("time")}
+    out: dict[str, Any] = {"steps": n, "intervals": len(steps), "step_basis": basis, "window_s": hi - lo,
+                           "device_busy_s": _overlap(device, lo, max(hi, ends[-1] if ends else hi)),
+                           "graphs_in_window": len(device_ev), "device_time_kinds": sorted(kinds)}
+    out.update(spread(steps, "step_ms", 1e3))
+    out.update(spread(traces, "trace_ms", 1e3))
+    out.update(spread(per_step_device, "device_ms", 1e3))
+    if k and durations is not spans:
+        out.update(spread([sum(spans[i * k:(i + 1) * k]) for i in range(n)], "device_span_ms", 1e3))
+    out.update(spread(idle, "idle_ms", 1e3))
+    out.update(spread(util, "util"))
+    out["per_step"] = {"step_ms": [x * 1e3 for x in steps], "trace_ms": [x * 1e3 for x in traces],
+                       "device_ms": [x * 1e3 for x in per_step_device], "idle_ms": [x * 1e3 for x in idle]}
+    return out
+
+
+def time_kind(backend: Backend, kinds: list[str]) -> str:
+    """What the device times are: the timeline's ``time`` argument if set, else by backend."""
+    if "modelled" in kinds:
+        return MODELLED
+    if "measured" in kinds:
+        return MEASURED
+    return MODELLED if backend.device.startswith(SIM_PREFIXES) and backend.sim_mode == "performance" else MEASURED
+
+
+def _timeline_dump(events: list[tuple], bounds: list[float]) -> dict:
+    t0 = bounds[0]
+    return {"t0": "window start (ms)", "bounds_ms": [(b - t0) * 1e3 for b in bounds],
+            "events": [[lane, name, (s - t0) * 1e3, (e - t0) * 1e3,
+                        {k: v for k, v in (a or {}).items() if isinstance(v, (int, float, str, bool))}]
+                       for lane, name, s, e, a in events if e >= t0 - 1.0]}
+
+
+# -- measurements ----------------------------------------------------------------------------------
+def _counters_delta(c0: dict, c1: dict, n: int) -> dict[str, Any]:
+    d = {k: c1.get(k, 0) - c0.get(k, 0) for k in c1 if isinstance(c1.get(k), (int, float))}
+    per = max(n, 1)
+    out = {"dispatch_ms": d.get("trace_s", 0.0) / per * 1e3, "sync_ms": d.get("sync_s", 0.0) / per * 1e3,
+           "wait_ms": d.get("wait_s", 0.0) / per * 1e3, "compile_ms": d.get("compile_s", 0.0) / per * 1e3,
+           "execute_ms": d.get("execute_s", 0.0) / per * 1e3, "compiles": int(d.get("compiles", 0)),
+           "graphs_per_step": d.get("graphs_executed", 0) / per, "traced_ops_per_step": d.get("traced_ops", 0) / per,
+           "implicit_syncs_per_step": d.get("implicit_syncs", 0) / per, "cache_hits": int(d.get("cache_hits", 0))}
+    if "modelled_device_s" in c1:
+        out["modelled_device_ms"] = d.get("modelled_device_s", 0.0) / per * 1e3
+    return out
+
+
+def _effective_sim_mode() -> str | None:
+    """The simulator mode the runtime actually ran in (None on pfvm devices)."""
+    from mncore.runtime.state import settings
+
+    return getattr(settings, "sim_mode", None) if getattr(settings, "simulated", False) else None
+
+
+def _value(read: Any) -> float | None:
+    """The final loss as a float (None when the backend computes no values, e.g. performance mode)."""
+    if _effective_sim_mode() == "performance":
+        return None
+    try:
+        v = float(read())
+    except Exception:  # noqa: BLE001
+        return None
+    return v
+
+
+def _batches(spec: Any, config: str, count: int, seed: int) -> list[dict]:
+    return [spec.make_batch(config, seed=seed + i) for i in range(max(1, min(count, 4)))]
+
+
+def _fresh(template: Any, spec: Any, config: str, seed: int) -> Any:
+    from harness.runner import disable_dropout
+
+    if template is not None:
+        try:
+            return copy.deepcopy(template)
+        except Exception:  # noqa: BLE001 - some modules refuse deepcopy; build again
+            pass
+    return disable_dropout(spec.build(config, seed=seed))
+
+
+def measure_lazy(spec: Any, config: str, backend: Backend, *, execution: str = "async", steps: int = 5,
+                 warmup: int = 2, seed: int = 0, template: Any = None, trace_path: Path | None = None) -> dict:
+    """Lazy mode: the runner's step (``model_zoo.train_step`` + ``mncore.sync()``), timed after warm-up."""
+    import mncore
+    import model_zoo
+    from mncore.runtime import timeline
+
+    init_backend(backend, execution)
+    model = _fresh(template, spec, config, seed).to("mncore")
+    opt = spec.optimizer(model.parameters())
+    batches = _batches(spec, config, steps + warmup, seed)
+    w0 = mncore.metrics.counters()
+    t = time.perf_counter()
+    for i in range(warmup):
+        loss = model_zoo.train_step(spec, model, opt, model_zoo.batch_to(batches[i % len(batches)], "mncore"))
+        mncore.sync()
+    mncore.wait_device_ops()
+    warm_s = time.perf_counter() - t
+    w1 = mncore.metrics.counters()
+    timeline.clear()
+    c0 = mncore.metrics.counters()
+    bounds = [timeline.now()]
+    for i in range(steps):
+        loss = model_zoo.train_step(spec, model, opt,
+                                    model_zoo.batch_to(batches[(warmup + i) % len(batches)], "mncore"))
+        mncore.sync()
+        if i == steps - 1:
+            mncore.wait_device_ops()
+        bounds.append(timeline.now())
+    c1 = mncore.metrics.counters()
+    events = timeline.events()
+    res = analyse(events, bounds)
+    res.update(_counters_delta(c0, c1, steps))
+    res["sim_mode_effective"] = _effective_sim_mode()
+    res.update(api="lazy", execution=execution, warmup=warmup, warmup_s=warm_s,
+               warmup_compile_s=w1["compile_s"] - w0["compile_s"], loss=_value(lambda: loss.detach().cpu()),
+               time_kind=time_kind(backend, res["device_time_kinds"]), timeline=_timeline_dump(events, bounds))
+    if trace_path is not None:
+        timeline.export_chrome_trace(trace_path)
+    del model, opt, loss
+    gc.collect()
+    return res
+
+
+def measure_context(spec: Any, config: str, backend: Backend, *, execution: str = "async", steps: int = 5,
+                    warmup: int = 2, seed: int = 0, template: Any = None) -> dict:
+    """Context API: the runner's compiled step (registered params/buffers/optimizer state), timed."""
+    import mncore
+    import model_zoo
+    from mncore.context import Context, prepare_for_compile, set_buffer_name_in_optimizer, set_tensor_name_in_module
+    from mncore.runtime import timeline
+
+    init_backend(backend, execution)
+    ctx = Context(_mndevice(backend))
+    Context.switch_context(ctx)
+    model = _fresh(template, spec, config, seed)
+    opt = prepare_for_compile(spec.optimizer(model.parameters()))
+    set_tensor_name_in_module(model, "model")
+    set_buffer_name_in_optimizer(opt, "opt")
+    for p in model.parameters():
+        ctx.register_param(p)
+    for _, b in model.named_buffers(remove_duplicate=True):
+        ctx.register_buffer(b)
+    ctx.register_optimizer_buffers(opt)
+
+    def step_fn(batch: dict) -> dict:
+        return {"loss": model_zoo.train_step(spec, model, opt, batch)}
+
+    batches = _batches(spec, config, steps + warmup, seed)
+    w0 = mncore.metrics.counters()
+    t = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # frozen-constant notices (e.g. HF position buffers)
+        compiled = ctx.compile(step_fn, batches[0], Path(tmp) / "step")
+    compile_s = time.perf_counter() - t
+    for i in range(warmup):
+        out = compiled(batches[i % len(batches)])
+    mncore.wait_device_ops()
+    w1 = mncore.metrics.counters()
+    timeline.clear()
+    c0 = mncore.metrics.counters()
+    bounds = [timeline.now()]
+    for i in range(steps):
+        out = compiled(batches[(warmup + i) % len(batches)])
+        if i == steps - 1:
+            mncore.wait_device_ops()
+        bounds.append(timeline.now())
+    c1 = mncore.metrics.counters()
+    events = timeline.events()
+    res = analyse(events, bounds)
+    res.update(_counters_delta(c0, c1, steps))
+    res["sim_mode_effective"] = _effective_sim_mode()
+    res.update(api="context", execution=execution, warmup=warmup, context_compile_s=compile_s,
+               warmup_compile_s=w1["compile_s"] - w0["compile_s"], loss=_value(lambda: out["loss"].item()),
+               time_kind=time_kind(backend, res["device_time_kinds"]), timeline=_timeline_dump(events, bounds))
+    try:  # write back and release this context's device values
+        Context.switch_context(Context(_mndevice(backend)))
+    except Exception:  # noqa: BLE001 - e.g. a performance-mode simulator keeps no values to write back
+        ctx._values.clear()
+    del model, opt, out, compiled, ctx
+    gc.collect()
+    return res
+
+
+# -- cells (one model on one backend, in a child process) -------------------------------------------
+SCALARS = ("intervals", "step_ms", "step_ms_min", "step_ms_max", "step_ms_mean", "trace_ms", "trace_ms_min", "trace_ms_max",
+           "device_ms", "device_ms_min", "device_ms_max", "idle_ms", "idle_ms_min", "idle_ms_max", "util",
+           "util_min", "util_max", "dispatch_ms", "sync_ms", "wait_ms", "compile_ms", "execute_ms",
+           "modelled_device_ms", "device_span_ms", "compiles", "graphs_per_step", "traced_ops_per_step", "implicit_syncs_per_step",
+           "warmup_compile_s", "context_compile_s", "loss", "sim_mode_effective")
+
+
+def _flat(res: dict, prefix: str = "") -> dict:
+    return {f"{prefix}{k}": res[k] for k in SCALARS if k in res}
+
+
+def _base_row(cell: dict, backend: Backend) -> dict:
+    import model_zoo
+
+    spec = model_zoo.get(cell["model"])
+    cfg = spec.config(cell["config"])
+    row = {"report": cell["report"], "model": cell["model"], "config": cell["config"], "backend": backend.label,
+           "device": backend.device, "sim_mode": backend.sim_mode, "batch": spec.batch_sizes[cell["config"]],
+           "steps": cell["steps"], "warmup": cell["warmup"], "status": "ok", "reason": ""}
+    if "width" in cfg:
+        row["width"] = cfg["width"]
+    return row
+
+
+def _check_mode(row: dict, backend: Backend, results: Any) -> None:
+    """Say so in the row when the runtime did not run in the simulator mode that was asked for."""
+    got = {r.get("sim_mode_effective") for r in results} - {backend.sim_mode}
+    if backend.sim_mode is not None and got:
+        row["warning"] = f"asked for sim_mode={backend.sim_mode}, the runtime ran in {sorted(map(str, got))}"
+
+
+def run_cell(cell: dict, artifacts: Path | None = None) -> list[dict]:
+    """Measure one cell in this process. ``cell``: report, model, config, backend, sim_mode, steps, warmup,
+    and ``kind``: 'compare' (Context then lazy in ``execution``, one row with the ratio) or 'modes'
+    (lazy in each of ``executions``, one row each, with timeline and Chrome trace files)."""
+    import model_zoo
+
+    backend = Backend(cell["backend"], cell.get("sim_mode"))
+    spec = model_zoo.get(cell["model"])
+    steps, warmup = int(cell["steps"]), int(cell["warmup"])
+    why = None
+    try:
+        init_backend(backend, "async")
+    except (ValueError, TypeError) as e:
+        why = f"unavailable: {e}"
+    if why:
+        return [{**_base_row(cell, backend), "status": "unavailable", "reason": why}]
+    from harness.runner import disable_dropout
+
+    template = disable_dropout(spec.build(cell["config"], seed=0))
+    rows = []
+    if cell["kind"] == "compare":
+        row = _base_row(cell, backend)
+        row["execution"] = cell.get("execution", "async")
+        results = {}
+        for api, fn in (("context", measure_context), ("lazy", measure_lazy)):
+            try:
+                results[api] = fn(spec, cell["config"], backend, execution=row["execution"], steps=steps,
+                                  warmup=warmup, template=template)
+                row.update(_flat(results[api], f"{api}_"))
+            except Exception as e:  # noqa: BLE001 - the row records it
+                row.update(status="error", reason=f"{api}: {type(e).__name__}: {str(e)[:400]}",
+                           traceback=traceback.format_exc()[-2000:])
+        lazy, ctx = results.get("lazy"), results.get("context")
+        _check_mode(row, backend, results.values())
+        row["time_kind"] = (lazy or ctx or {}).get("time_kind", time_kind(backend, []))
+        if lazy:
+            row.update(trace_ms=lazy["trace_ms"], device_ms=lazy["device_ms"],
+                       bound="trace-bound" if lazy["trace_ms"] > lazy["device_ms"] else "device-bound")
+        if lazy and ctx and ctx["step_ms"] > 0:
+            row["ratio"] = lazy["step_ms"] / ctx["step_ms"]
+        rows.append(row)
+    else:
+        for execution in cell.get("executions", EXECUTIONS):
+            row = {**_base_row(cell, backend), "api": "lazy", "execution": execution}
+            name = f"{cell['model']}_{backend.slug}_{execution}"
+            trace_path = artifacts / "traces" / f"{name}.trace.json" if artifacts else None
+            try:
+                res = measure_lazy(spec, cell["config"], backend, execution=execution, steps=steps, warmup=warmup,
+                                   template=template, trace_path=trace_path)
+            except Exception as e:  # noqa: BLE001 - the row records it
+                row.update(status="error", reason=f"{type(e).__name__}: {str(e)[:400]}",
+                           traceback=traceback.format_exc()[-2000:], time_kind=time_kind(backend, []))
+                rows.append(row)
+                continue
+            _check_mode(row, backend, [res])
+            row.update(_flat(res), time_kind=res["time_kind"], per_step=res["per_step"],
+                       bound="trace-bound" if res["trace_ms"] > res["device_ms"] else "device-bound")
+            if artifacts:
+                tl = artifacts / "timelines" / f"{name}.json"
+                tl.parent.mkdir(parents=True, exist_ok=True)
+                tl.write_text(json.dumps(res["timeline"]))
+                row["timeline_file"] = str(tl.relative_to(artifacts))
+                row["chrome_trace"] = str(trace_path.relative_to(artifacts))
+            rows.append(row)
+    return rows
+
+
+def run_cells(cells: list[dict], out: Path, timeout: int = 1200, desc: str = "report") -> list[dict]:
+    """Run each cell in a child process (``python -m harness.perf``); every cell yields rows, even on a crash."""
+    from harness.progress import Progress
+
+    out.mkdir(parents=True, exist_ok=True)
+    parts = out / "cells"
+    parts.mkdir(exist_ok=True)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", PYTHONPATH=str(ROOT))
+    bar = Progress(len(cells), desc)
+    rows: list[dict] = []
+    unavailable: dict[str, str] = {}
+    for i, cell in enumerate(cells):
+        backend = Backend(cell["backend"], cell.get("sim_mode"))
+        if backend.label in unavailable:  # init failed once: no child per model for the same answer
+            rows.append({"report": cell["report"], "model": cell["model"], "config": cell["config"],
+                         "backend": backend.label, "device": backend.device, "sim_mode": backend.sim_mode,
+                         "steps": cell["steps"], "warmup": cell["warmup"], "status": "unavailable",
+                         "reason": unavailable[backend.label], "time_kind": time_kind(backend, [])})
+            bar.step(f"{cell['model']} on {backend.label}: unavailable")
+            continue
+        part = parts / f"{i:02d}_{cell['model']}_{backend.slug}.json"
+        log_path = part.with_suffix(".log")
+        cmd = [PYTHON, "-m", "harness.perf", "--cell", json.dumps(cell), "--artifacts", str(out), "--out", str(part)]
+        t0 = time.monotonic()
+        with log_path.open("w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                rc = None
+        elapsed = time.monotonic() - t0
+        base = {"report": cell["report"], "model": cell["model"], "config": cell["config"], "backend": backend.label,
+                "device": backend.device, "sim_mode": backend.sim_mode, "steps": cell["steps"],
+                "warmup": cell["warmup"], "time_kind": time_kind(backend, [])}
+        if rc is None:
+            got = [{**base, "status": "timeout", "reason": f"no result after {timeout}s"}]
+        elif part.exists():
+            got = json.loads(part.read_text())
+        else:
+            tail = log_path.read_text()[-600:].strip()
+            status = "oom" if rc in (-9, 137) or "out of memory" in tail.lower() else "error"
+            got = [{**base, "status": status, "reason": f"child exited {rc}: {tail[-400:]}"}]
+        for r in got:
+            r["cell_wall_s"] = round(elapsed, 1)
+            if r.get("status") == "unavailable":
+                unavailable[backend.label] = r["reason"]
+        rows += got
+        bar.step(f"{cell['model']} on {backend.label}: {', '.join(sorted({r['status'] for r in got}))} "
+                 f"({elapsed:.0f}s)")
+    bar.close()
+    return rows
+
+
+# -- provenance and results files -----------------------------------------------------------------
+def provenance() -> dict[str, Any]:
+    """Where and with what the numbers were made (git commit, torch, machine, load)."""
+    import torch
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=20).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    return {"commit": commit + ("+dirty" if dirty else ""), "torch": torch.__version__,
+            "python": platform.python_version(), "platform": platform.platform(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores", "cores": os.cpu_count(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
+            "when": datetime.now().isoformat(timespec="seconds"), "loadavg_start": list(os.getloadavg())}
+
+
+def write_results(rows: list[dict], out: Path, meta: dict) -> tuple[Path, Path, Path]:
+    """Machine-readable first: ``results.jsonl`` (every field), ``results.csv`` (scalars), ``meta.json``."""
+    import pandas as pd
+
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {**meta, "loadavg_end": list(os.getloadavg())}
+    jsonl = out / "results.jsonl"
+    with jsonl.open("w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    flat = pd.DataFrame([{k: v for k, v in r.items() if not isinstance(v, (list, dict)) and k != "traceback"}
+                         for r in rows])
+    csv = out / "results.csv"
+    flat.to_csv(csv, index=False)
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    return jsonl, csv, out / "meta.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    ap = argparse.ArgumentParser(description="measure one report cell (JSON rows)")
+    ap.add_argument("--cell", required=True, help="JSON: report, kind, model, config, backend, sim_mode, steps, warmup")
+    ap.add_argument("--artifacts", type=Path, help="directory for timelines and Chrome traces")
+    ap.add_argument("--out", type=Path, help="write the rows here (JSON list) instead of stdout")
+    a = ap.parse_args(argv)
+    import mncore  # noqa: F401  (register the device before autograd's engine starts)
+
+    rows = run_cell(json.loads(a.cell), a.artifacts)
+    text = json.dumps(rows)
+    if a.out:
+        a.out.write_text(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""``harness report mlp-width|async|models|all``: measure (``harness.perf``), write results, render (``reports``).
+
+Results files come first (``reports/out/<report>/results.jsonl``, ``results.csv``, ``meta.json``);
+tables, plots and the page are made from them by the ``reports`` package, and ``--from DIR``
+re-renders existing results without running anything.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REPORTS = ("mlp-width", "async", "models")
+DEFAULT_OUT = ROOT / "reports" / "out"
+PUBLISHED = ROOT / "reports" / "published"
+WIDTHS = "64,128,256,512,1024,2048,4096"
+# Small enough that `harness report all` stays well under 15 minutes on a 2-core CPU (GPT-2 small steps
+# take seconds there): MLP steps are milliseconds, so the sweep affords more of them for its spread.
+DEFAULT_STEPS = {"mlp-width": 20, "async": 4, "models": 4}
+DEFAULT_BACKENDS = {"mlp-width": ["pfvm:cpu", "mncore2:auto"], "async": ["pfvm:cpu", "mncore2:auto", "pfvm:cuda"],
+                    "models": ["pfvm:cpu", "mncore2:auto"]}
+MODELS = ("resnet18", "gpt2_small")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", choices=REPORTS + ("all",), help="which report ('all': every report and the page)")
+    p.add_argument("--backend", action="append",
+                   help="device string, repeatable or comma-separated (pfvm:cpu, pfvm:cuda, mncore2:auto; "
+                        "'DEVICE@MODE' sets the simulator mode, mncore2 defaults to performance); "
+                        "default per report: " + "; ".join(f"{k}: {','.join(v)}" for k, v in DEFAULT_BACKENDS.items()))
+    p.add_argument("--sim-mode", default=None, help="simulator mode for emu2/mncore2 backends (default: performance)")
+    p.add_argument("--widths", default=WIDTHS, help=f"MLP widths (default {WIDTHS})")
+    p.add_argument("--steps", type=int, help="timed steps per measurement (default: " +
+                   ", ".join(f"{k} {v}" for k, v in DEFAULT_STEPS.items()) + ")")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (compile, optimizer state); default 2")
+    p.add_argument("--config", default="default", help="zoo config of the models (default; 'tiny' for smoke runs)")
+    p.add_argument("--out", type=Path, help="root directory of the reports (default reports/out; with --from: DIR)")
+    p.add_argument("--from", dest="from_dir", type=Path, help="re-render from existing results under DIR; runs nothing")
+    p.add_argument("--timeout", type=int, default=1500, help="seconds per measured model and backend")
+    p.add_argument("--publish", nargs="?", const=PUBLISHED, type=Path,
+                   help="('all') also copy Markdown, PNGs, CSVs to DIR (default reports/published)")
+
+
+def _backends(args: argparse.Namespace, name: str) -> list:
+    from harness.perf import Backend
+
+    texts = [b for item in args.backend for b in item.split(",") if b.strip()] if args.backend \
+        else DEFAULT_BACKENDS[name]
+    return [Backend.parse(t, args.sim_mode) for t in texts]
+
+
+def cells(name: str, args: argparse.Namespace) -> list[dict]:
+    """What to measure for report ``name``: one cell per model and backend."""
+    steps = args.steps or DEFAULT_STEPS[name]
+    base = {"report": name, "config": args.config, "steps": steps, "warmup": args.warmup}
+    out = []
+    for b in _backends(args, name):
+        bb = {**base, "backend": b.device, "sim_mode": b.sim_mode}
+        if name == "mlp-width":
+            out += [{**bb, "kind": "compare", "execution": "async", "model": f"mlp_w{int(w)}"}
+                    for w in args.widths.split(",") if w.strip()]
+        elif name == "async":
+            out.append({**bb, "kind": "modes", "model": "gpt2_small", "executions": ["sync", "async_naive", "async"]})
+        else:
+            out += [{**bb, "kind": "compare", "execution": "async", "model": m} for m in MODELS]
+    return out
+
+
+def measure(name: str, args: argparse.Namespace, root: Path) -> Path:
+    """Run report ``name``'s cells and write its results files; returns the report directory."""
+    from harness import perf
+
+    d = root / name
+    if d.exists():  # stale timelines/traces of an earlier run must not be mixed in
+        import shutil
+
+        for sub in ("timelines", "traces", "cells"):
+            shutil.rmtree(d / sub, ignore_errors=True)
+        for f in list(d.glob("*.png")) + [d / "report.md"]:
+            f.unlink(missing_ok=True)
+    todo = cells(name, args)
+    meta = perf.provenance()
+    t0 = time.monotonic()
+    print(f"harness report {name}: {len(todo)} cell(s), {todo[0]['steps'] if todo else 0} timed steps after "
+          f"{args.warmup} warm-up -> {d}", flush=True)
+    rows = perf.run_cells(todo, d, timeout=args.timeout, desc=name)
+    backends = []
+    for b in _backends(args, name):
+        mine = [r for r in rows if r.get("backend") == b.label]
+        bad = [r for r in mine if r.get("status") != "ok"]
+        state = "ok" if not bad else (bad[0]["reason"] if all(r["status"] == "unavailable" for r in mine)
+                                      else f"{len(bad)} of {len(mine)} not ok")
+        backends.append({"label": b.label, "device": b.device, "sim_mode": b.sim_mode, "state": state})
+    meta.update(report=name, steps=todo[0]["steps"] if todo else None, warmup=args.warmup, config=args.config,
+                execution="sync, async_naive, async (one row each)" if name == "async" else "async",
+                backends=backends, wall_s=round(time.monotonic() - t0, 1),
+                command="harness " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["report"]
+                else f"harness report {name}")
+    perf.write_results(rows, d, meta)
+    return d
+
+
+def _reports_importable() -> None:
+    """``reports`` sits beside ``harness``; an editable install made before it existed does not map it."""
+    try:
+        import reports  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, str(ROOT))
+
+
+def render(name: str, d: Path) -> None:
+    from reports import page, tables
+    from reports.results import load
+
+    md = page.render_report(d, name)
+    _, df = load(d)
+    table = {"mlp-width": tables.mlp_table, "async": tables.async_table, "models": tables.models_table}[name](df)
+    print(tables.to_markdown(table))
+    for note in tables.unavailable(df):
+        print(f"  not run: {note}")
+    for t in tables.targets(name, df):
+        print(f"  target {t.what} on {t.backend} ({t.limit}): {t.value} -> {t.verdict}" + (f" [{t.note}]" if t.note else ""))
+    print(f"{name}: {d / 'results.jsonl'}, {d / 'results.csv'}; report {md}", flush=True)
+
+
+def main(args: argparse.Namespace) -> int:
+    _reports_importable()
+    from reports import page
+
+    names = list(REPORTS) if args.name == "all" else [args.name]
+    root = Path(args.out or args.from_dir or DEFAULT_OUT)
+    root.mkdir(parents=True, exist_ok=True)
+    status = 0
+    for name in names:
+        if args.from_dir is not None:
+            src = page.locate(args.from_dir, name)
+            if src is None:
+                print(f"{name}: no results under {args.from_dir} (skipped)", file=sys.stderr)
+                if args.name != "all":
+                    status = 1
+                continue
+            d = src if args.out is None else root / name
+            page.adopt(src, d)
+        else:
+            d = measure(name, args, root)
+        render(name, d)
+    if args.name == "all":
+        md, html = page.render_index(root)
+        print(f"page: {md} and {html}")
+        if args.publish:
+            written = page.publish(root, args.publish)
+            print(f"published {len(written)} files to {args.publish}")
+    return status

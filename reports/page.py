@@ -1,0 +1,262 @@
+"""Report pages: each report's ``report.md`` + PNGs, and ``index.md``/``index.html`` over all of them.
+
+Everything here reads results files (``results.jsonl``, ``meta.json``, timeline files) only.
+"""
+from __future__ import annotations
+
+import html
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from reports import plots, reference, tables
+from reports.results import REPORTS, load, report_dir
+
+Block = tuple[str, Any]
+TITLES = {"mlp-width": "MLP width sweep: lazy mode vs Context API",
+          "async": "Execution modes: trace/device overlap (GPT-2 small training)",
+          "models": "Models: ResNet-18 and GPT-2 small, lazy mode vs Context API"}
+COLUMNS = {
+    "mlp-width": [
+        "Context ms/step, lazy ms/step: training-step time (forward, backward, SGD) of the Context API "
+        "(compiled once, called per step) and of lazy mode (traced every step, `mncore.sync()`): the median "
+        "[min–max] of the intervals between consecutive steps' completions on the device (the steady-state "
+        "period of the host-trace/device pipeline; N timed steps give N−1 intervals)",
+        "lazy/Context: ratio of the two medians, measured in the same run (the seed's headline number)",
+        "trace ms/step: host time producing a lazy step's graph (timeline host `trace` spans between graph "
+        "cuts: model code, autograd and mncore's dispatch)",
+        "device ms/step: graph execution time of a lazy step on the device lane",
+        "lazy step is: trace-bound when trace > device, else device-bound",
+        "time: `measured wall time` (pfvm: real kernels) or `modelled device time, measured host time` "
+        "(mncore2 performance mode: the worker holds each graph for its modelled time)",
+    ],
+    "async": [
+        "step ms: median [min–max] interval between consecutive steps' completions on the device",
+        "trace ms/step: host `trace` spans of a step (host time producing its graph: model code, autograd, "
+        "mncore's dispatch; between two graph cuts)",
+        "device ms/step: the step's graph execution time (device lane)",
+        "device idle ms/step: step interval minus device-busy time inside it; device util: busy / interval "
+        "(medians over the intervals)",
+        "seed (CUDA): the published GPT-2 small figures (CUDA backend) for reference",
+    ],
+    "models": [
+        "lazy/Context: ratio of median step times in the same run; seed: ResNet-18 batch 32 = 1.05 (MN-Core)",
+        "breakdown: step, host trace (timeline), device (graph execution) and device idle are medians over the "
+        "timed steps; in mncore dispatch (`trace_s`), graph cut (`sync_s`), compile (`compile_s`, 0 once warm) and "
+        "host wait (`wait_s`: the host blocked on the worker) are the metrics counters over the window divided by "
+        "the steps; warm-up compile: compile time during the warm-up steps",
+    ],
+}
+
+
+# -- blocks -> Markdown / HTML --------------------------------------------------------------------------
+def _md(blocks: list[Block], prefix: str = "") -> str:
+    out: list[str] = []
+    for kind, val in blocks:
+        if kind in ("h1", "h2", "h3"):
+            out.append("#" * int(kind[1]) + " " + val)
+        elif kind == "p":
+            out.append(val)
+        elif kind == "ul":
+            out.append("\n".join(f"- {x}" for x in val))
+        elif kind == "table":
+            out.append(tables.to_markdown(val))
+        elif kind == "img":
+            out.append(f"![{val[1]}]({prefix}{val[0]})")
+        elif kind == "code":
+            out.append("```\n" + val + "\n```")
+    return "\n\n".join(out) + "\n"
+
+
+def _inline(text: str) -> str:
+    t = html.escape(text)
+    t = re.sub(r"`([^`]+)`", r"<code>\1</code>", t)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", t)
+
+
+def _html(blocks: list[Block], title: str, prefix: str = "") -> str:
+    body: list[str] = []
+    for kind, val in blocks:
+        if kind in ("h1", "h2", "h3"):
+            body.append(f"<{kind}>{_inline(val)}</{kind}>")
+        elif kind == "p":
+            body.append(f"<p>{_inline(val)}</p>")
+        elif kind == "ul":
+            body.append("<ul>" + "".join(f"<li>{_inline(x)}</li>" for x in val) + "</ul>")
+        elif kind == "table":
+            body.append(val.to_html(index=False, border=0, classes="t"))
+        elif kind == "img":
+            body.append(f'<p><img src="{html.escape(prefix + val[0])}" alt="{html.escape(val[1])}"></p>')
+        elif kind == "code":
+            body.append(f"<pre>{html.escape(val)}</pre>")
+    style = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
+             "table.t{border-collapse:collapse;font-size:13px;margin:1em 0}"
+             "table.t td,table.t th{border:1px solid #ccc;padding:3px 6px;text-align:left}"
+             "img{max-width:100%}code{background:#f4f4f4}")
+    return (f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+# -- provenance -------------------------------------------------------------------------------------------
+def provenance(meta: dict, df: pd.DataFrame) -> pd.DataFrame:
+    kinds = sorted(set(df["time_kind"].dropna())) if "time_kind" in df else []
+    states = []
+    for b in meta.get("backends", []):
+        states.append(f"{b['label']}: {b.get('state', 'ok')}")
+    if not states and "backend" in df:
+        states = [f"{b}: {', '.join(sorted(set(g['status'])))}" for b, g in df.groupby("backend")]
+    load_s, load_e = meta.get("loadavg_start"), meta.get("loadavg_end")
+    items = [
+        ("git commit", meta.get("commit", "unknown")), ("torch", meta.get("torch", "?")),
+        ("python", meta.get("python", "?")), ("machine", f"{meta.get('platform', '?')}; {meta.get('machine', '?')}"),
+        ("GPU", meta.get("gpu", "?")), ("started", meta.get("when", "?")),
+        ("load average (1/5/15 min) start → end",
+         f"{' / '.join(f'{x:.2f}' for x in load_s)} → {' / '.join(f'{x:.2f}' for x in load_e)}"
+         if load_s and load_e else "?"),
+        ("backends", "; ".join(states) or "?"), ("times", "; ".join(kinds) or "?"),
+        ("timed steps (after warm-up steps)", f"{meta.get('steps', '?')} (after {meta.get('warmup', '?')})"),
+        ("execution mode", meta.get("execution", "per row")), ("config", meta.get("config", "?")),
+        ("command", f"`{meta.get('command', '?')}`"), ("wall time", f"{meta.get('wall_s', '?')} s"),
+    ]
+    return pd.DataFrame(items, columns=["provenance", "value"])
+
+
+# -- one report -------------------------------------------------------------------------------------------
+def report_blocks(name: str, d: Path, heading: str = "h2") -> list[Block]:
+    """The report's tables and plots (images written into ``d``); paths relative to ``d``."""
+    meta, df = load(d)
+    blocks: list[Block] = [(heading, TITLES[name])]
+    sub = "h3" if heading == "h2" else "h2"
+    if name == "mlp-width":
+        blocks.append(("p", "Training step of the seed's MLP (4 × [Linear(w, w) + ReLU] + classifier, batch 64, "
+                            "SGD) in lazy mode and with the Context API on each backend, same execution mode "
+                            f"(`{meta.get('execution', 'async')}`). Seed reference ({reference.SEED}): "
+                            f"{reference.MLP_QUOTE}."))
+        blocks.append(("table", tables.mlp_table(df)))
+        img = plots.mlp_ratio(df, d / "mlp_width_ratio.png")
+        blocks.append(("img", (img.name, "lazy/Context ratio vs width")))
+    elif name == "async":
+        model = df["model"].dropna().iloc[0] if "model" in df and df["model"].notna().any() else "gpt2_small"
+        blocks.append(("p", f"Lazy-mode training of `{model}` (default config: GPT-2 small 124M, sequence 128, "
+                            "batch 2, AdamW) in the three execution modes of `mncore.init(execution=...)`: `sync` "
+                            "(host waits for each graph), `async_naive` (worker prepares and runs while the host "
+                            "traces on; both contend for the GIL), `async` (host waits for the worker's preparation, "
+                            "then traces on). All numbers come from the runtime's timeline."))
+        blocks.append(("table", tables.async_table(df)))
+        seed = pd.DataFrame([{"mode": reference.MODE_NAMES[m], "step ms": v["step_ms"], "GPU idle ms": v["idle_ms"],
+                              "GPU util": f"{v['util']:.0%}", "trace ms": reference.ASYNC_TRACE_MS.get(m, "–")}
+                             for m, v in reference.ASYNC.items()])
+        blocks += [(sub, f"Seed reference ({reference.SEED}, GPT-2 small on the CUDA backend)"), ("table", seed)]
+        good = df[df["status"] == "ok"] if len(df) else df
+        for backend in sorted(set(good["backend"])) if len(good) else []:
+            slug = re.sub(r"[^A-Za-z0-9]+", "_", backend).strip("_")
+            img = plots.async_timelines(d, df, backend, d / f"timeline_{slug}.png")
+            if img:
+                blocks.append(("img", (img.name, f"timeline {backend}")))
+        traces = sorted(str(t) for t in good.get("chrome_trace", pd.Series(dtype=object)).dropna()) if len(good) else []
+        if traces:
+            blocks.append(("p", "Chrome/Perfetto traces of the timed steps (open in https://ui.perfetto.dev or "
+                                "chrome://tracing; in `reports/out/async/`, not copied to `reports/published/`):"))
+            blocks.append(("ul", [f"`{t}`" for t in traces]))
+    elif name == "models":
+        blocks.append(("p", "Training steps of ResNet-18 (batch 32, 224², SGD momentum) and GPT-2 small (sequence "
+                            "128, batch 2, AdamW) in lazy mode and with the Context API, and where the time goes."))
+        blocks.append(("table", tables.models_table(df)))
+        blocks += [(sub, "Breakdown per step"), ("table", tables.breakdown_table(df))]
+        img = plots.models_breakdown(df, d / "models_breakdown.png")
+        if img:
+            blocks.append(("img", (img.name, "breakdown per step")))
+    notes = tables.unavailable(df)
+    if notes:
+        blocks += [("p", "Not run:"), ("ul", notes)]
+    ts = tables.targets(name, df)
+    if ts:
+        blocks += [(sub, "Targets (ratios measured in this run)"), ("table", tables.targets_table(ts))]
+    blocks += [(sub, "Columns"), ("ul", COLUMNS[name])]
+    blocks += [(sub, "Provenance"), ("table", provenance(meta, df)),
+               ("p", "Results files: `results.jsonl` (every field, per-step lists), `results.csv` (scalars), "
+                     "`meta.json`. The machine has 2 cores shared with other work, so concurrent load can inflate "
+                     "any number; the load average above says how busy it was.")]
+    return blocks
+
+
+def render_report(d: Path, name: str | None = None) -> Path:
+    """Write ``d/report.md`` (+ PNGs) from ``d/results.jsonl``; returns the Markdown path."""
+    d = Path(d)
+    name = name or load(d)[1]["report"].dropna().iloc[0]
+    text = _md(report_blocks(name, d, heading="h1"))
+    (d / "report.md").write_text(text)
+    return d / "report.md"
+
+
+# -- the page over every report -----------------------------------------------------------------------------
+def found_reports(root: Path) -> list[tuple[str, Path]]:
+    out = []
+    for name in REPORTS:
+        d = root / name
+        if (d / "results.jsonl").exists():
+            out.append((name, d))
+    return out
+
+
+def render_index(root: Path) -> tuple[Path, Path]:
+    """``root/index.md`` and ``root/index.html`` with every report's tables, plots and provenance."""
+    root = Path(root)
+    found = found_reports(root)
+    all_targets: list[tables.Target] = []
+    for name, d in found:
+        all_targets += tables.targets(name, load(d)[1])
+    head: list[Block] = [("h1", "mncore performance reports"),
+                         ("p", "Made by `harness report all` from the results files below (re-render without "
+                               "running anything: `harness report all --from DIR`). Every number says its backend "
+                               "and whether its device time is measured wall time or modelled."),
+                         ("h2", "Targets")]
+    head.append(("table", tables.targets_table(all_targets)) if all_targets else ("p", "_(no reports)_"))
+    md_parts = [_md(head)]
+    html_blocks = list(head)
+    for name, d in found:
+        blocks = report_blocks(name, d)
+        blocks.append(("p", f"Results: `{name}/results.jsonl`, `{name}/results.csv`, `{name}/meta.json`."))
+        md_parts.append(_md(blocks, prefix=f"{name}/"))
+        html_blocks += [(k, (f"{name}/{v[0]}", v[1]) if k == "img" else v) for k, v in blocks]
+    (root / "index.md").write_text("\n".join(md_parts))
+    (root / "index.html").write_text(_html(html_blocks, "mncore performance reports"))
+    return root / "index.md", root / "index.html"
+
+
+def adopt(src: Path, dest: Path) -> None:
+    """Copy a report's results files (and timelines) from ``src`` to ``dest`` to re-render there."""
+    if src.resolve() == dest.resolve():
+        return
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in ("results.jsonl", "results.csv", "meta.json"):
+        if (src / f).exists():
+            shutil.copy2(src / f, dest / f)
+    for sub in ("timelines", "traces"):
+        if (src / sub).is_dir():
+            shutil.copytree(src / sub, dest / sub, dirs_exist_ok=True)
+
+
+def publish(root: Path, dest: Path) -> list[Path]:
+    """The commit-ready copy: index.md, each report's Markdown, PNGs, results.csv and meta.json (no traces)."""
+    root, dest = Path(root), Path(dest)
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    written = []
+    for f in ("index.md", "index.html"):
+        if (root / f).exists():
+            written.append(Path(shutil.copy2(root / f, dest / f)))
+    for name, d in found_reports(root):
+        (dest / name).mkdir()
+        for f in sorted(d.glob("*.png")) + [d / "report.md", d / "results.csv", d / "meta.json"]:
+            if f.exists():
+                written.append(Path(shutil.copy2(f, dest / name / f.name)))
+    return written
+
+
+def locate(path: Path, name: str) -> Path | None:
+    return report_dir(Path(path), name)

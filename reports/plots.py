@@ -1,0 +1,120 @@
+"""Plots (matplotlib, Agg) made from results files."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from reports import reference  # noqa: E402
+from reports.results import ok, read_timeline  # noqa: E402
+from reports.tables import MLP_W64_TARGET, MLP_W4096_TARGET  # noqa: E402
+
+LANES = [("host", "trace", "host: trace", "#4c72b0"), ("host", "sync", "host: graph cut / wait", "#dd8452"),
+         ("worker", None, "worker: prepare", "#55a868"), ("device", None, "device: graph", "#c44e52")]
+
+
+def mlp_ratio(df: pd.DataFrame, path: Path) -> Path:
+    """lazy/Context step-time ratio against width (log-scale x), one line per backend, seed points."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    good = ok(df)
+    for backend, sub in (good.groupby("backend") if len(good) else []):
+        sub = sub.sort_values("width")
+        kind = sub["time_kind"].iloc[0]
+        ax.plot(sub["width"], sub["ratio"], marker="o", label=f"{backend} ({kind})")
+        for w, r in zip(sub["width"], sub["ratio"]):
+            ax.annotate(f"{r:.2f}", (w, r), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
+    ax.scatter([4096], [reference.MLP_W4096_RATIO], marker="*", s=140, color="black", zorder=5,
+               label=f"{reference.SEED}: 1.10x at w=4096 (MN-Core)")
+    ax.axhline(reference.MLP_SMALL_W_RATIO, xmin=0.0, xmax=0.3, color="black", ls="--", lw=1.2,
+               label=f"{reference.SEED}: about 5x at small w (width not stated)")
+    ax.scatter([64, 4096], [MLP_W64_TARGET, MLP_W4096_TARGET], marker="_", s=400, color="tab:green", zorder=4,
+               label="targets (pfvm:cpu): ≤ 3.0 at w=64, ≤ 1.05 at w=4096")
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_xscale("log", base=2)
+    widths = sorted(set(good["width"].astype(int))) if len(good) else [64, 4096]
+    ax.set_xticks(widths, [str(w) for w in widths])
+    ax.set_xlabel("MLP width w (4 layers, batch 64)")
+    ax.set_ylabel("lazy / Context API step time")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Lazy mode vs Context API: MLP width sweep")
+    ax.legend(fontsize=7, loc="upper right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _lane(lane: str, name: str) -> int | None:
+    for i, (ln, prefix, _, _) in enumerate(LANES):
+        if ln == lane and (prefix is None or name.startswith(prefix)):
+            return i
+    return None
+
+
+def async_timelines(d: Path, df: pd.DataFrame, backend: str, path: Path) -> Path | None:
+    """Two consecutive steps per execution mode: host trace lane above the device lane."""
+    good = ok(df)
+    sub = good[(good["backend"] == backend)] if len(good) else good
+    if not len(sub) or "timeline_file" not in sub:
+        return None
+    order = {m: i for i, m in enumerate(reference.ASYNC)}
+    sub = sub.assign(_o=sub["execution"].map(order)).sort_values("_o")
+    fig, axes = plt.subplots(len(sub), 1, figsize=(10, 1.9 * len(sub) + 0.6), squeeze=False)
+    for ax, (_, r) in zip(axes[:, 0], sub.iterrows()):
+        tl = read_timeline(d, r["timeline_file"]) if isinstance(r.get("timeline_file"), str) else None
+        mode = reference.MODE_NAMES.get(r["execution"], r["execution"])
+        if tl is None or len(tl["bounds_ms"]) < 2:
+            ax.set_title(f"{mode}: no timeline file")
+            continue
+        b = tl["bounds_ms"]
+        k = max(0, (len(b) - 1) // 2 - 1) if len(b) > 3 else 0
+        lo, hi = b[k], b[min(k + 2, len(b) - 1)]
+        for lane, name, s, e, _ in tl["events"]:
+            i = _lane(lane, name)
+            if i is None or e < lo or s > hi:
+                continue
+            ax.broken_barh([(s - lo, max(e - s, (hi - lo) * 0.002))], (len(LANES) - 1 - i - 0.4, 0.8),
+                           color=LANES[i][3])
+        for x in b[k:k + 3]:
+            ax.axvline(x - lo, color="black", lw=0.7, ls="--")
+        ax.set_yticks(range(len(LANES)), [lab for _, _, lab, _ in reversed(LANES)], fontsize=7)
+        ax.set_xlim(0, hi - lo)
+        ax.set_title(f"{mode}: step {r['step_ms']:.1f} ms, trace {r['trace_ms']:.1f} ms, device {r['device_ms']:.1f} ms,"
+                     f" idle {r['idle_ms']:.1f} ms ({r['time_kind']})", fontsize=8)
+        ax.tick_params(axis="x", labelsize=7)
+    axes[-1, 0].set_xlabel("ms from the start of the first of two consecutive steps (dashed: step ends)")
+    fig.suptitle(f"{backend}: two consecutive steps of {sub.iloc[0]['model']} per execution mode", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def models_breakdown(df: pd.DataFrame, path: Path) -> Path | None:
+    """Per model and backend: step, host trace, device, wait and compile time per step, lazy vs Context."""
+    good = ok(df)
+    if not len(good):
+        return None
+    keys = [("step", "step_ms"), ("host trace", "trace_ms"), ("device", "device_ms"), ("host wait", "wait_ms"),
+            ("compile", "compile_ms")]
+    groups = list(good.sort_values(["model", "backend"]).iterrows())
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.6), squeeze=False)
+    for ax, (_, r) in zip(axes[0], groups):
+        x = range(len(keys))
+        for j, (api, color) in enumerate((("context", "#8172b3"), ("lazy", "#4c72b0"))):
+            vals = [float(r.get(f"{api}_{k}", 0) or 0) for _, k in keys]
+            ax.bar([i + (j - 0.5) * 0.38 for i in x], vals, width=0.38, color=color,
+                   label="Context API" if api == "context" else "lazy")
+        ax.set_xticks(list(x), [lab for lab, _ in keys], fontsize=7)
+        ax.set_ylabel("ms per step", fontsize=8)
+        ax.set_title(f"{r['model']} on {r['backend']}\nlazy/Context {r.get('ratio', float('nan')):.2f}", fontsize=8)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

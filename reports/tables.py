@@ -1,0 +1,201 @@
+"""Tables (pandas) and target verdicts made from a report's results rows.
+
+Cells with a spread read ``median [min–max]`` over the timed steps; all times are per training step.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from reports import reference
+from reports.results import ok
+
+MLP_W4096_TARGET = 1.05
+MLP_W64_TARGET = 3.0
+ASYNC_SLACK = 0.05
+TARGET_BACKEND = "pfvm:cpu"
+
+
+# -- formatting -------------------------------------------------------------------------------------
+def num(v: object, unit: str = "") -> str:
+    """A number with 3 significant figures or so (blank for missing values)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    x = float(v)  # type: ignore[arg-type]
+    a = abs(x)
+    text = f"{x:.0f}" if a >= 100 else f"{x:.1f}" if a >= 10 else f"{x:.2f}" if a >= 0.01 or a == 0 else f"{x:.1e}"
+    return text + unit
+
+
+def with_spread(row: pd.Series, key: str) -> str:
+    """``median [min–max]`` of ``key`` from its ``_min``/``_max`` columns."""
+    med = row.get(key)
+    lo, hi = row.get(f"{key}_min"), row.get(f"{key}_max")
+    if med is None or (isinstance(med, float) and math.isnan(med)):
+        return "–"
+    if lo is None or hi is None or (isinstance(lo, float) and math.isnan(lo)):
+        return num(med)
+    return f"{num(med)} [{num(lo)}–{num(hi)}]"
+
+
+def pct(v: object) -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{float(v) * 100:.0f} %"  # type: ignore[arg-type]
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    """A GitHub-flavoured Markdown table (no extra dependency)."""
+    if df.empty:
+        return "_(no rows)_"
+    cols = [str(c) for c in df.columns]
+    esc = lambda s: str(s).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    lines = ["| " + " | ".join(esc(c) for c in cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
+    lines += ["| " + " | ".join(esc(v) for v in r) + " |" for r in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def unavailable(df: pd.DataFrame) -> list[str]:
+    """One note per backend (or model) that did not run, with the reason."""
+    if not len(df):
+        return []
+    notes: dict[str, str] = {}
+    for _, r in df[df["status"] != "ok"].iterrows():
+        what = r["backend"] if r["status"] == "unavailable" else f"{r.get('model')} on {r['backend']}"
+        notes.setdefault(str(what), f"{r['status']}: {str(r.get('reason', ''))[:300]}".replace("unavailable: unavailable:",
+                                                                                              "unavailable:"))
+    return [f"{k}: {v}" for k, v in notes.items()]
+
+
+# -- tables -------------------------------------------------------------------------------------------
+def mlp_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per backend and width: Context and lazy step time, lazy/Context, trace and device time, bound."""
+    rows = []
+    for _, r in ok(df).sort_values(["backend", "width"]).iterrows() if len(ok(df)) else []:
+        rows.append({
+            "backend": r["backend"], "width": int(r["width"]),
+            "Context ms/step": with_spread(r, "context_step_ms"), "lazy ms/step": with_spread(r, "lazy_step_ms"),
+            "lazy/Context": num(r.get("ratio")), "trace ms/step": with_spread(r, "lazy_trace_ms"),
+            "device ms/step": with_spread(r, "lazy_device_ms"), "lazy step is": r.get("bound", "–"),
+            "time": r.get("time_kind", ""), "steps": int(r["steps"]),
+        })
+    return pd.DataFrame(rows, columns=["backend", "width", "Context ms/step", "lazy ms/step", "lazy/Context",
+                                       "trace ms/step", "device ms/step", "lazy step is", "time", "steps"])
+
+
+def async_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per backend and execution mode: step, trace, device, device idle and utilisation (timeline)."""
+    order = {m: i for i, m in enumerate(reference.ASYNC)}
+    good = ok(df)
+    if len(good):
+        good = good.assign(_o=good["execution"].map(order)).sort_values(["backend", "_o"])
+    rows = []
+    for _, r in good.iterrows() if len(good) else []:
+        ref = reference.ASYNC.get(r["execution"], {})
+        rows.append({
+            "backend": r["backend"], "mode": reference.MODE_NAMES.get(r["execution"], r["execution"]),
+            "step ms": with_spread(r, "step_ms"), "trace ms/step": with_spread(r, "trace_ms"),
+            "device ms/step": with_spread(r, "device_ms"), "device idle ms/step": with_spread(r, "idle_ms"),
+            "device util": pct(r.get("util")), "bound": r.get("bound", "–"), "time": r.get("time_kind", ""),
+            "steps": int(r["steps"]),
+            "seed (CUDA) step / idle / util": f"{ref['step_ms']} ms / {ref['idle_ms']} ms / {ref['util']:.0%}"
+            if ref else "–",
+        })
+    return pd.DataFrame(rows, columns=["backend", "mode", "step ms", "trace ms/step", "device ms/step",
+                                       "device idle ms/step", "device util", "bound", "time", "steps",
+                                       "seed (CUDA) step / idle / util"])
+
+
+def models_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per model and backend: Context and lazy step time and their ratio (seed: ResNet-18 1.05)."""
+    seed = {"resnet18": num(reference.RESNET18_RATIO)}
+    rows = []
+    for _, r in ok(df).sort_values(["model", "backend"]).iterrows() if len(ok(df)) else []:
+        rows.append({
+            "model": r["model"], "batch": int(r["batch"]), "backend": r["backend"],
+            "Context ms/step": with_spread(r, "context_step_ms"), "lazy ms/step": with_spread(r, "lazy_step_ms"),
+            "lazy/Context": num(r.get("ratio")), "seed lazy/Context": seed.get(r["model"], "–"),
+            "lazy step is": r.get("bound", "–"), "time": r.get("time_kind", ""), "steps": int(r["steps"]),
+        })
+    return pd.DataFrame(rows, columns=["model", "batch", "backend", "Context ms/step", "lazy ms/step", "lazy/Context",
+                                       "seed lazy/Context", "lazy step is", "time", "steps"])
+
+
+BREAKDOWN = [("step ms", "step_ms"), ("host trace ms", "trace_ms"), ("in mncore dispatch ms", "dispatch_ms"),
+             ("graph cut ms", "sync_ms"), ("compile ms", "compile_ms"), ("device ms", "device_ms"),
+             ("host wait ms", "wait_ms"), ("device idle ms", "idle_ms")]
+
+
+def breakdown_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per model, backend and API: where a step's time goes (medians per step; compile: in the timed window)."""
+    rows = []
+    for _, r in ok(df).sort_values(["model", "backend"]).iterrows() if len(ok(df)) else []:
+        for api in ("lazy", "context"):
+            if f"{api}_step_ms" not in r or pd.isna(r.get(f"{api}_step_ms")):
+                continue
+            row = {"model": r["model"], "backend": r["backend"], "API": "lazy" if api == "lazy" else "Context"}
+            for label, key in BREAKDOWN:
+                row[label] = num(r.get(f"{api}_{key}"))
+            row["warm-up compile s"] = num(r.get(f"{api}_warmup_compile_s"))
+            rows.append(row)
+    return pd.DataFrame(rows, columns=["model", "backend", "API"] + [b[0] for b in BREAKDOWN] + ["warm-up compile s"])
+
+
+# -- targets --------------------------------------------------------------------------------------------
+@dataclass
+class Target:
+    report: str
+    backend: str
+    what: str
+    limit: str
+    value: str
+    met: bool | None  # None: not measured / does not apply
+    note: str = ""
+
+    @property
+    def verdict(self) -> str:
+        if self.met is None:
+            return "n/a" if self.note else "not measured"
+        return "met" if self.met else "NOT met"
+
+
+def targets(name: str, df: pd.DataFrame) -> list[Target]:
+    """The stated targets, judged on ratios measured in the same run."""
+    good = ok(df)
+    out: list[Target] = []
+    if name == "mlp-width":
+        backends = sorted(set(good["backend"])) if len(good) else []
+        for b in [TARGET_BACKEND] + [x for x in backends if x != TARGET_BACKEND]:
+            info = "" if b == TARGET_BACKEND else "informational (the target is stated for pfvm:cpu)"
+            sub = good[good["backend"] == b] if len(good) else good
+            for width, limit in ((4096, MLP_W4096_TARGET), (64, MLP_W64_TARGET)):
+                hit = sub[sub["width"] == width] if len(sub) else sub
+                if not len(hit) or pd.isna(hit.iloc[0].get("ratio")):
+                    if b == TARGET_BACKEND:
+                        out.append(Target(name, b, f"lazy/Context at w={width}", f"≤ {limit}", "–", None))
+                    continue
+                v = float(hit.iloc[0]["ratio"])
+                t = Target(name, b, f"lazy/Context at w={width}", f"≤ {limit}", num(v), v <= limit, info)
+                out.append(t)
+    elif name == "async":
+        for b in sorted(set(good["backend"])) if len(good) else []:
+            hit = good[(good["backend"] == b) & (good["execution"] == "async")]
+            if not len(hit):
+                continue
+            r = hit.iloc[0]
+            trace, device, step = float(r["trace_ms"]), float(r["device_ms"]), float(r["step_ms"])
+            bound = max(trace, device)
+            what = "async step / max(trace, device)"
+            value = f"{num(step / bound)} ({num(step)} ms vs {num(bound)} ms)"
+            if device > trace:
+                out.append(Target(name, b, what, f"≤ {1 + ASYNC_SLACK:.2f}", value, step <= (1 + ASYNC_SLACK) * bound))
+            else:
+                out.append(Target(name, b, what, f"≤ {1 + ASYNC_SLACK:.2f} when device > trace", value, None,
+                                  f"does not apply: device {num(device)} ms ≤ trace {num(trace)} ms (trace-bound)"))
+    return out
+
+
+def targets_table(ts: list[Target]) -> pd.DataFrame:
+    return pd.DataFrame([{"report": t.report, "backend": t.backend, "target": t.what, "limit": t.limit,
+                          "measured": t.value, "verdict": t.verdict, "note": t.note} for t in ts],
+                        columns=["report", "backend", "target", "limit", "measured", "verdict", "note"])

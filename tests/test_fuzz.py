@@ -1,0 +1,175 @@
+"""``harness fuzz``: injected backend bugs are found, shrunk and reproduced; clean runs pass and replay.
+
+The test backends are plugin modules under ``tests/fuzz_plugins`` that replace an aten op's
+lowering with ``mncore.compiler.register_lowering`` (the campaign imports them in its worker), so
+every verdict here is still mncore against eager PyTorch on CPU. Campaigns run through the real
+command line in a subprocess, with case budgets so that they are deterministic.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.fuzz.campaign import Config, plan, select_rows
+from harness.fuzz.cases import Case
+from harness.fuzz.mutate import generate
+from harness.fuzz.oracles import run_case
+from harness.opgen import resolve_op
+from harness.registry_cmd import DEFAULT_PATH
+from mncore.compiler import register_lowering, unregister_lowering
+from shape_registry import Registry
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, PYTHONPATH=str(ROOT))
+
+
+def _fuzz(out: Path, *args: str, timeout: float = 180) -> tuple[subprocess.CompletedProcess, dict]:
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "fuzz", "--out", str(out), *args], cwd=ROOT,
+                          env=ENV, capture_output=True, text=True, timeout=timeout)
+    assert (out / "summary.json").exists(), f"no summary (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+    return proc, json.loads((out / "summary.json").read_text())
+
+
+def _results(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def test_wrong_lowering_is_found_shrunk_and_reproduced(tmp_path: Path) -> None:
+    """An off-by-one ``sum.dim_IntList`` lowering: found within 60 s, shrunk, and its repro fails only with it."""
+    proc, s = _fuzz(tmp_path, "--seconds", "60", "--cases", "25", "--seed", "3", "--ops", "aten.sum.dim_IntList",
+                    "--plugin", "tests.fuzz_plugins.off_by_one")
+    sig = "aten.sum.dim_IntList:mismatch:lazy_vs_eager"
+    assert proc.returncode == 1, proc.stderr[-3000:]  # findings make the command fail
+    assert list(s["failures"]) == [sig], s["failures"]
+    assert s["fuzz_s"] < 60 and s["plugin"] == "tests.fuzz_plugins.off_by_one"
+    f = s["failures"][sig]
+    first = next(r for r in _results(tmp_path) if r["signature"] == sig)
+    assert first["index"] == f["first_case"] and first["oracle"] == "lazy_vs_eager"
+
+    # Shrunk: no size measure grew, the input got smaller, and the reduced dim still has > 2 elements.
+    assert all(a <= b for a, b in zip(f["shrunk_size"], f["original_size"])), f
+    assert f["shrunk_numel"] < f["original_numel"], f
+    record = json.loads((tmp_path / "findings" / "aten.sum.dim_IntList__mismatch__lazy_vs_eager.json").read_text())
+    shrunk = Case.from_json(record["shrunk_case"])
+    assert shrunk.numel() == f["shrunk_numel"] <= 8
+    x, dims = shrunk.build_inputs()[0][:2]
+    assert x.shape[dims[0] % x.dim()] > 2
+    # The shrunk case alone still fails against eager (the plugin lowers sum without its last element).
+    assert record["plugin"] == "tests.fuzz_plugins.off_by_one" and record["kind"] == "mismatch"
+
+    script = Path(f["repro"])
+    assert script.parent == tmp_path / "findings" and script.with_suffix(".pt").exists()
+    runs = {flag: subprocess.Popen([sys.executable, str(script), *flag], cwd=tmp_path, env=ENV,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for flag in ((), ("--no-plugin",))}
+    out = {flag: (p.wait(timeout=120), p.stdout.read(), p.stderr.read()) for flag, p in runs.items()}
+    code, _, err = out[()]
+    assert code != 0 and "mncore disagrees with eager" in err, err[-2000:]
+    code, stdout, err = out[("--no-plugin",)]
+    assert code == 0 and "mncore agrees with eager" in stdout, err[-2000:]
+
+
+def test_clean_campaign_finds_nothing_and_replays_from_seed(tmp_path: Path) -> None:
+    """Correct ops pass every oracle; the same seed and case budget run the same cases with the same verdicts."""
+    ops = "aten.add.Tensor,aten.mm.default,aten.sigmoid.default"
+    args = ("--seconds", "60", "--cases", "12", "--seed", "7", "--ops", ops)
+    (proc_a, a), (proc_b, b) = _fuzz(tmp_path / "a", *args), _fuzz(tmp_path / "b", *args)
+    assert proc_a.returncode == 0, proc_a.stderr[-3000:]
+    assert a["failures"] == {} and a["flaky"] == {} and a["cases_run"] == 12
+    assert a["outcomes"].get("pass", 0) + a["outcomes"].get("skip", 0) == 12
+    assert a["checks"]["lazy_vs_eager"].get("pass", 0) > 0 and a["checks"]["context_vs_lazy"].get("pass", 0) > 0
+    assert a["checks"]["grad_vs_eager"].get("pass", 0) > 0
+    assert set(a["ops_covered"]) <= set(ops.split(",")) and a["n_ops_covered"] >= 2
+
+    ra, rb = _results(tmp_path / "a"), _results(tmp_path / "b")
+    assert [r["case"] for r in ra] == [r["case"] for r in rb]
+    assert [(r["status"], r["category"], r["checks"]) for r in ra] == [(r["status"], r["category"], r["checks"]) for r in rb]
+    cfg = Config(seed=7, ops=ops)
+    assert [c.to_json() for c in plan(cfg, 12)] == [r["case"] for r in ra]  # the plan, not the timing, decides
+    assert [c.to_json() for c in plan(Config(seed=8, ops=ops), 12)] != [r["case"] for r in ra]
+
+
+def _row(op: str) -> Case:
+    rows = [e for e in Registry.load(DEFAULT_PATH).query(op) if e.op == op]
+    return Case.from_entry(min(rows, key=lambda e: sum(torch.Size(t["shape"]).numel() for t in e.tensors())))
+
+
+@pytest.fixture(scope="module")
+def invalid_cases() -> dict[str, Case]:
+    mm = _row("aten.mm.default")
+    emb = _row("aten.embedding.default")
+    return {
+        "mm_inner_dim": mm.with_mutation({"kind": "resize", "arg": "a1", "dim": 0,
+                                          "to": mm.entry().args[1]["shape"][0] + 1, "by": "fuzz"}),
+        "embedding_index_oob": emb.with_mutation({"kind": "index_oob", "arg": "a1", "by": "fuzz"}),
+    }
+
+
+@pytest.mark.parametrize("name", ["mm_inner_dim", "embedding_index_oob"])
+def test_invalid_inputs_mncore_raising_like_eager_pass(invalid_cases: dict, name: str) -> None:
+    """Eager raises on these inputs; mncore raising a Python exception too is a pass, not a finding."""
+    case = invalid_cases[name]
+    args, kwargs = case.build_inputs()
+    op = resolve_op(case.op)
+    with pytest.raises((RuntimeError, IndexError)):
+        op(*args, **kwargs)  # the reference itself rejects them
+    res = run_case(case, context=None, codegen_dir="")
+    assert (res["status"], res["category"]) == ("pass", "invalid"), res
+    assert res["eager_error"] and res["mncore_error"]
+
+
+def test_invalid_input_accepted_by_mncore_is_a_finding(invalid_cases: dict) -> None:
+    """The same oracle fails when mncore returns a result for inputs eager rejects (a clamping lowering)."""
+    emb = torch.ops.aten.embedding.default
+    register_lowering(emb, lambda w, idx, *a: torch.ops.aten.embedding.default(w, idx.clamp(0, w.shape[0] - 1), *a))
+    try:
+        res = run_case(invalid_cases["embedding_index_oob"], context=None, codegen_dir="")
+    finally:
+        unregister_lowering(emb)
+    assert (res["status"], res["kind"], res["oracle"]) == ("fail", "accepts_invalid", "lazy_vs_eager"), res
+
+
+def test_crash_and_hang_are_recorded_not_propagated(tmp_path: Path) -> None:
+    """A lowering that kills the worker and one that never returns become findings; the campaign goes on."""
+    ops = "aten.neg.default,aten.relu.default,aten.sigmoid.default"
+    n = 6
+    rows = select_rows(Config(ops=ops))
+    seed = next(s for s in range(100) if {generate(rows, s, i, 1 << 16).op for i in range(n)} == set(ops.split(",")))
+    proc, s = _fuzz(tmp_path, "--seconds", "90", "--cases", str(n), "--seed", str(seed), "--ops", ops,
+                    "--plugin", "tests.fuzz_plugins.crash_hang", "--case-timeout", "2", "--shrink-seconds", "0")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert s["cases_run"] == n and len(_results(tmp_path)) == n
+    assert set(s["failures"]) == {"aten.neg.default:crash:lazy_vs_eager", "aten.relu.default:hang:lazy_vs_eager"}
+    assert "exit code 3" in s["failures"]["aten.neg.default:crash:lazy_vs_eager"]["message"]
+    assert "no answer within" in s["failures"]["aten.relu.default:hang:lazy_vs_eager"]["message"]
+    sigmoid = [r for r in _results(tmp_path) if r["op"] == "aten.sigmoid.default"]
+    assert sigmoid and all(r["status"] in ("pass", "skip") for r in sigmoid)  # fresh workers after each crash/hang
+    assert s["worker_starts"] > 2
+
+
+def test_repro_templates_pass_on_a_correct_backend(tmp_path: Path) -> None:
+    """The Context, gradient and crash/hang repro forms run eager and mncore and pass when mncore is right."""
+    from harness.fuzz.findings import Findings
+
+    case = _row("aten.mul.Tensor").with_mutation({"kind": "layout", "arg": "a0", "layout": "strided", "by": "fuzz"})
+    meta = {"command": "harness fuzz (test)", "backend": "pfvm:cpu", "plugin": None, "case_timeout": 30.0}
+    findings = Findings(tmp_path)
+    forms = {("mismatch", "context_vs_lazy"): "Context API agrees with lazy mode",
+             ("mismatch", "grad_vs_eager"): "mncore gradients agree with eager",
+             ("crash", "lazy_vs_eager"): "mncore completed the step"}
+    scripts = {form: findings.write(f"{case.op}:{form[0]}:{form[1]}", case, case, {"kind": form[0], "oracle": form[1]},
+                                    {}, meta) for form in forms}
+    # One interpreter runs the three scripts in turn (each import of torch + mncore costs seconds).
+    runner = "import runpy, sys\nfor p in sys.argv[1:]:\n    runpy.run_path(p, run_name='__main__')\n"
+    proc = subprocess.run([sys.executable, "-c", runner, *map(str, scripts.values())], cwd=tmp_path, env=ENV,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [line for line in proc.stdout.splitlines() if line in forms.values()] == list(forms.values())

@@ -1,0 +1,196 @@
+"""``harness report``: rendering from results files, ``--from`` without running, a tiny real measurement."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import mncore
+from harness import cli, perf
+from reports import page, tables
+from reports.results import load
+
+pytestmark = pytest.mark.unit
+
+META = {"commit": "abc1234", "torch": "9.9.9-test", "python": "3.11.0", "platform": "Linux-test",
+        "machine": "x86_64, 2 cores", "cores": 2, "gpu": "none", "when": "2026-01-01T00:00:00",
+        "loadavg_start": [0.1, 0.2, 0.3], "steps": 3, "warmup": 2, "config": "default",
+        "command": "harness report all"}
+
+
+def _spread(prefix: str, key: str, v: float) -> dict:
+    return {f"{prefix}{key}": v, f"{prefix}{key}_min": v * 0.9, f"{prefix}{key}_max": v * 1.2,
+            f"{prefix}{key}_mean": v}
+
+
+def _compare_row(report: str, model: str, backend: str, context_ms: float, lazy_ms: float, trace: float,
+                 device: float, kind: str = perf.MEASURED, width: int | None = None) -> dict:
+    row = {"report": report, "model": model, "config": "default", "backend": backend, "device": backend,
+           "sim_mode": None, "batch": 64, "steps": 3, "warmup": 2, "status": "ok", "reason": "", "execution": "async",
+           "time_kind": kind, "trace_ms": trace, "device_ms": device, "ratio": lazy_ms / context_ms,
+           "bound": "trace-bound" if trace > device else "device-bound"}
+    if width:
+        row["width"] = width
+    for api, step in (("context", context_ms), ("lazy", lazy_ms)):
+        row.update(_spread(f"{api}_", "step_ms", step))
+        row.update(_spread(f"{api}_", "trace_ms", trace if api == "lazy" else 0.0))
+        row.update(_spread(f"{api}_", "device_ms", device))
+        row.update({f"{api}_wait_ms": 0.5, f"{api}_compile_ms": 0.0, f"{api}_dispatch_ms": trace / 3,
+                    f"{api}_sync_ms": 0.2, f"{api}_idle_ms": max(step - device, 0), f"{api}_warmup_compile_s": 0.1})
+    return row
+
+
+def _unavailable(report: str, model: str) -> dict:
+    return {"report": report, "model": model, "config": "default", "backend": "mncore2:auto (performance)",
+            "device": "mncore2:auto", "sim_mode": "performance", "steps": 3, "warmup": 2, "status": "unavailable",
+            "reason": "unavailable: device 'mncore2:auto' is not available in this build yet",
+            "time_kind": perf.MODELLED}
+
+
+def _synthetic(root: Path) -> None:
+    """Results files for all three reports, as ``harness report`` writes them (no model is run)."""
+    mlp = [_compare_row("mlp-width", f"mlp_w{w}", "pfvm:cpu", c, l, t, dv, width=w)
+           for w, c, l, t, dv in ((64, 1.0, 4.0, 3.5, 0.8), (1024, 20.0, 24.0, 4.0, 19.0), (4096, 400.0, 410.0, 4.0,
+                                                                                             399.0))]
+    mlp.append(_unavailable("mlp-width", "mlp_w64"))
+    perf.write_results(mlp, root / "mlp-width", {**META, "report": "mlp-width"})
+    d = root / "async"
+    rows = []
+    for mode, step, trace, device in (("sync", 60.0, 25.0, 30.0), ("async_naive", 45.0, 30.0, 35.0),
+                                      ("async", 36.0, 24.0, 35.0)):
+        events, bounds = [], [0.0]
+        for i in range(3):
+            s = bounds[-1]
+            events += [["host", "trace", s, s + trace, {}], ["host", "sync (user)", s + trace, s + trace + 1, {}],
+                       ["worker", "prepare g", s + trace + 1, s + trace + 1.1, {}],
+                       ["device", "g", s + trace + 1.1, s + trace + 1.1 + device, {"time": "measured"}]]
+            bounds.append(s + step)
+        tl = d / "timelines" / f"gpt2_small_pfvm_cpu_{mode}.json"
+        tl.parent.mkdir(parents=True, exist_ok=True)
+        tl.write_text(json.dumps({"bounds_ms": bounds, "events": events}))
+        row = {"report": "async", "model": "gpt2_small", "config": "default", "backend": "pfvm:cpu",
+               "device": "pfvm:cpu", "sim_mode": None, "batch": 2, "steps": 3, "warmup": 2, "status": "ok",
+               "reason": "", "api": "lazy", "execution": mode, "time_kind": perf.MEASURED, "util": device / step,
+               "bound": "device-bound", "timeline_file": str(tl.relative_to(d)),
+               "chrome_trace": f"traces/gpt2_small_pfvm_cpu_{mode}.trace.json"}
+        for key, v in (("step_ms", step), ("trace_ms", trace), ("device_ms", device), ("idle_ms", step - device)):
+            row.update(_spread("", key, v))
+        rows.append(row)
+    rows.append(_unavailable("async", "gpt2_small"))
+    perf.write_results(rows, d, {**META, "report": "async"})
+    models = [_compare_row("models", "resnet18", "pfvm:cpu", 3000.0, 3100.0, 300.0, 2900.0),
+              _compare_row("models", "gpt2_small", "pfvm:cpu", 2000.0, 2600.0, 400.0, 2000.0)]
+    perf.write_results(models, root / "models", {**META, "report": "models"})
+
+
+def _forbid_running(monkeypatch) -> None:
+    def boom(*a, **k):
+        raise AssertionError("a re-render must not run any model")
+
+    for name in ("run_cells", "run_cell", "measure_lazy", "measure_context"):
+        monkeypatch.setattr(perf, name, boom)
+
+
+def test_render_from_synthetic_results_without_running(tmp_path, monkeypatch):
+    _synthetic(tmp_path)
+    _forbid_running(monkeypatch)
+    before = mncore.metrics.counters()["graphs_executed"]
+    assert cli.main(["report", "all", "--from", str(tmp_path)]) == 0
+    assert mncore.metrics.counters()["graphs_executed"] == before  # no mncore graph ran
+    for f in ("mlp-width/mlp_width_ratio.png", "mlp-width/report.md", "async/timeline_pfvm_cpu.png",
+              "async/report.md", "models/models_breakdown.png", "models/report.md", "index.md", "index.html"):
+        assert (tmp_path / f).stat().st_size > 200, f
+    csv = pd.read_csv(tmp_path / "mlp-width" / "results.csv")
+    assert {"backend", "width", "ratio", "time_kind", "lazy_step_ms", "context_step_ms", "steps"} <= set(csv.columns)
+    index = (tmp_path / "index.md").read_text()
+    for needle in ("abc1234", "9.9.9-test", "x86_64, 2 cores", "measured wall time", "mlp-width/mlp_width_ratio.png",
+                   "async/timeline_pfvm_cpu.png", "unavailable: device 'mncore2:auto'", "3 (after 2)",
+                   "load average", "1.10", "639 ms / 166 ms / 74%"):
+        assert needle in index, needle
+    # targets, judged on the synthetic ratios: 4.0 at w=64 (> 3.0), 410/400 = 1.025 at w=4096 (<= 1.05);
+    # async: device 35 > trace 24 and step 36 <= 1.05 * 35
+    verdicts = {(t.report, t.what): t.verdict for n in ("mlp-width", "async")
+                for t in tables.targets(n, load(tmp_path / n)[1])}
+    assert verdicts[("mlp-width", "lazy/Context at w=64")] == "NOT met"
+    assert verdicts[("mlp-width", "lazy/Context at w=4096")] == "met"
+    assert verdicts[("async", "async step / max(trace, device)")] == "met"
+    assert "NOT met" in index and "<img src=\"mlp-width/mlp_width_ratio.png\"" in (tmp_path / "index.html").read_text()
+    table = tables.mlp_table(load(tmp_path / "mlp-width")[1])
+    assert list(table["width"]) == [64, 1024, 4096] and table.iloc[0]["lazy/Context"] == "4.00"
+    assert table.iloc[0]["Context ms/step"] == "1.00 [0.90–1.20]"
+    assert list(tables.async_table(load(tmp_path / "async")[1])["mode"]) == ["sync", "async naive", "async (optimized)"]
+
+
+def test_from_into_another_root_and_publish(tmp_path, monkeypatch):
+    src, dst, pub = tmp_path / "src", tmp_path / "dst", tmp_path / "pub"
+    _synthetic(src)
+    _forbid_running(monkeypatch)
+    assert cli.main(["report", "all", "--from", str(src), "--out", str(dst), "--publish", str(pub)]) == 0
+    assert (dst / "index.html").exists() and (dst / "async" / "results.jsonl").exists()
+    assert not (src / "index.md").exists()  # the source is only read
+    published = sorted(str(p.relative_to(pub)) for p in pub.rglob("*") if p.is_file())
+    assert "index.md" in published and "mlp-width/mlp_width_ratio.png" in published
+    assert "async/results.csv" in published and not any("traces" in p or "timelines" in p for p in published)
+    # a single report re-rendered from its own directory
+    assert cli.main(["report", "models", "--from", str(src / "models")]) == 0
+    assert (src / "models" / "report.md").exists()
+
+
+def test_analyse_step_trace_device_idle():
+    events = [("host", "trace", -5.0, 1.0, {}), ("device", "g", 1.5, 2.5, {"time": "modelled"}),
+              ("host", "trace", 2.0, 3.0, {}), ("device", "g", 3.5, 4.0, {"time": "modelled"})]
+    res = perf.analyse(events, [0.0, 2.0, 4.0])
+    # host steps end at 2 and 4; the device completes step 1 at 2.5 and step 2 at 4.0
+    assert res["step_basis"] == "device completions" and res["per_step"]["step_ms"] == [1500.0]
+    assert res["per_step"]["trace_ms"] == [1000.0, 1000.0]  # per host step, clipped to the window
+    assert res["per_step"]["device_ms"] == [1000.0, 500.0]
+    assert res["per_step"]["idle_ms"] == [1000.0] and res["util"] == pytest.approx(1 / 3)
+    assert perf.analyse(events[:3], [0.0, 2.0, 4.0])["step_basis"] == "host step ends"  # 1 graph for 2 steps
+    assert perf.time_kind(perf.Backend("mncore2:auto", "performance"), res["device_time_kinds"]) == perf.MODELLED
+    assert perf.Backend.parse("mncore2:auto").sim_mode == "performance"
+    assert perf.Backend.parse("pfvm:cpu").label == "pfvm:cpu"
+
+
+def test_tiny_real_measurement_rows_are_consistent(tmp_path):
+    rows = perf.run_cell({"report": "mlp-width", "kind": "compare", "model": "mlp_w64", "config": "tiny",
+                          "backend": "pfvm:cpu", "steps": 2, "warmup": 1, "execution": "async"})
+    (row,) = rows
+    assert row["status"] == "ok", row.get("reason")
+    assert row["width"] == 64 and row["time_kind"] == perf.MEASURED
+    for k in ("context_step_ms", "lazy_step_ms", "lazy_trace_ms", "lazy_device_ms", "context_device_ms", "ratio"):
+        assert row[k] > 0, k
+    assert row["ratio"] == pytest.approx(row["lazy_step_ms"] / row["context_step_ms"])
+    assert row["lazy_step_ms_min"] <= row["lazy_step_ms"] <= row["lazy_step_ms_max"]
+    assert row["context_trace_ms"] == 0 and row["lazy_compiles"] == 0 and row["lazy_graphs_per_step"] == 1
+    bad = perf.run_cell({"report": "mlp-width", "kind": "compare", "model": "mlp_w64", "config": "tiny",
+                         "backend": "pfvm:tpu", "steps": 2, "warmup": 1})
+    assert bad[0]["status"] == "unavailable" and bad[0]["reason"].startswith("unavailable: ")
+    perf.write_results(rows + bad, tmp_path / "mlp-width", {**META, "report": "mlp-width", "steps": 2})
+    md = page.render_report(tmp_path / "mlp-width", "mlp-width").read_text()
+    assert "pfvm:tpu: unavailable" in md and "| pfvm:cpu | 64 |" in md
+
+
+def test_simulated_board_rows_say_modelled(tmp_path, monkeypatch):
+    """mncore2:auto in performance mode: device time is the modelled one, host time is measured."""
+    monkeypatch.setenv("MNCORE_RUNTIME_DIR", str(tmp_path))  # a private board lock, whatever else runs
+    monkeypatch.setenv("MNCORE_SIM_MODE", "functional")  # restored after the test (init_backend sets it)
+    (row,) = perf.run_cell({"report": "mlp-width", "kind": "compare", "model": "mlp_w64", "config": "tiny",
+                            "backend": "mncore2:auto", "sim_mode": "performance", "steps": 3, "warmup": 1})
+    assert row["status"] == "ok", row.get("reason")
+    assert row["time_kind"] == perf.MODELLED and row["backend"] == "mncore2:auto (performance)"
+    assert row["lazy_sim_mode_effective"] == row["context_sim_mode_effective"] == "performance"
+    assert "warning" not in row
+    assert row["lazy_device_ms"] == pytest.approx(row["lazy_modelled_device_ms"], rel=1e-6)
+    assert row["lazy_device_span_ms"] >= row["lazy_device_ms"] > 0
+    assert row["ratio"] == pytest.approx(row["lazy_step_ms"] / row["context_step_ms"])
+
+
+def test_cli_measures_in_child_processes(tmp_path):
+    """The real path: one child per cell, results files first, then the report."""
+    assert cli.main(["report", "mlp-width", "--widths", "64", "--steps", "2", "--warmup", "1", "--config", "tiny",
+                     "--backend", "pfvm:cpu,pfvm:tpu", "--out", str(tmp_path)]) == 0
+    meta, df = load(tmp_path / "mlp-width")
+    assert set(df["status"]) == {"ok", "unavailable"} and meta["steps"] == 2 and meta["commit"]
+    assert (tmp_path / "mlp-width" / "mlp_width_ratio.png").exists()
