@@ -31,11 +31,21 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 
 
-def _fuzz(out: Path, *args: str, timeout: float = 180) -> tuple[subprocess.CompletedProcess, dict]:
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "fuzz", "--out", str(out), *args], cwd=ROOT,
-                          env=ENV, capture_output=True, text=True, timeout=timeout)
-    assert (out / "summary.json").exists(), f"no summary (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
-    return proc, json.loads((out / "summary.json").read_text())
+def _start(out: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", "fuzz", "--out", str(out), *args], cwd=ROOT,
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc: subprocess.Popen, out: Path, timeout: float = 180) -> tuple[subprocess.CompletedProcess, dict]:
+    stdout, stderr = proc.communicate(timeout=timeout)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    assert (out / "summary.json").exists(), f"no summary (exit {proc.returncode}):\n{stderr[-3000:]}"
+    return done, json.loads((out / "summary.json").read_text())
+
+
+def _fuzz(out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run ``harness fuzz`` through the real command line; returns the process and its summary."""
+    return _finish(_start(out, *args), out)
 
 
 def _results(out: Path) -> list[dict]:
@@ -81,7 +91,8 @@ def test_clean_campaign_finds_nothing_and_replays_from_seed(tmp_path: Path) -> N
     """Correct ops pass every oracle; the same seed and case budget run the same cases with the same verdicts."""
     ops = "aten.add.Tensor,aten.mm.default,aten.sigmoid.default"
     args = ("--seconds", "60", "--cases", "12", "--seed", "7", "--ops", ops)
-    (proc_a, a), (proc_b, b) = _fuzz(tmp_path / "a", *args), _fuzz(tmp_path / "b", *args)
+    runs = [(_start(tmp_path / d, *args), tmp_path / d) for d in ("a", "b")]  # side by side: 2 cores
+    (proc_a, a), (proc_b, b) = (_finish(p, out) for p, out in runs)
     assert proc_a.returncode == 0, proc_a.stderr[-3000:]
     assert a["failures"] == {} and a["flaky"] == {} and a["cases_run"] == 12
     assert a["outcomes"].get("pass", 0) + a["outcomes"].get("skip", 0) == 12

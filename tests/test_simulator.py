@@ -720,3 +720,17 @@ def test_example_mlp_train_runs_on_mncore2_and_matches_eager(tmp_path):
     assert loss == pytest.approx(eager_loss.item(), rel=1e-5)
     # the bias is printed with 4 decimals
     torch.testing.assert_close(bias, model[2].bias.detach(), rtol=0, atol=1e-4 + 1e-6)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_double_policy_keeps_float64_between_steps(sim, references, case):
+    """Device-resident values stay float64 between graphs: after every step the parameters, read back
+    once, are still the float64 result rounded once (0.5 ulp + 1e-3 ulp slack, as above)."""
+    r = references[case]
+    model, batches = r["model"], r["batches"]
+    assert len(batches) > 1
+    mncore.init("emu2", float_dtype="double")
+    result = _train(model, batches, "mncore")
+    ref = _train(model, batches, "cpu", torch.float64)
+    worst = max(_ulps(result[1][-1][k].float(), ref[1][-1][k]) for k in ref[1][-1] if ref[1][-1][k].is_floating_point())
+    assert worst <= 0.501, f"after {len(batches)} steps the double policy is {worst:.3f} float32 ulps off"

@@ -2,7 +2,7 @@
 
 Entries live in ``MNCORE_CACHE_DIR`` (lazy mode) or the Context API's ``CacheOptions(path)``, one
 file per graph, named by the graph's content hash, device kind, precision policy, compiler
-version and torch version. A file is ``MAGIC``, the SHA-256 of its payload and the payload (a
+version (with a hash of the compiler's sources and cost constants) and torch version. A file is ``MAGIC``, the SHA-256 of its payload and the payload (a
 zstd-compressed pickle of the executable in plain data), written to a temporary file and renamed
 into place, so readers never see half an entry. A per-entry lock file makes concurrent processes
 that need the same graph compile it once. A checksum mismatch or an unreadable payload is
@@ -27,7 +27,7 @@ import zstandard
 
 from mncore.compiler import lowering, serialize
 from mncore.compiler.fusion import Kernel
-from mncore.compiler.pipeline import COMPILER_VERSION
+from mncore.compiler.pipeline import compiler_version
 from mncore.compiler.program import Executable
 from mncore.devices.board import lock_timeout
 from mncore.runtime import metrics
@@ -68,7 +68,7 @@ def _location() -> tuple[Path, bool] | None:
 
 
 def entry_path(directory: Path, name: str, policy: str) -> Path:
-    return directory / f"{name}-{settings.kind}-{policy}-c{COMPILER_VERSION}-torch{torch.__version__}.mnx"
+    return directory / f"{name}-{settings.kind}-{policy}-c{compiler_version()}-torch{torch.__version__}.mnx"
 
 
 def _encode(exe: Executable) -> bytes:

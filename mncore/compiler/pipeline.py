@@ -1,6 +1,11 @@
 """The compiler: traced graph -> passes -> fusion -> precision -> cost -> memory plan -> executable."""
 from __future__ import annotations
 
+import functools
+import hashlib
+import math
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -8,9 +13,26 @@ import torch.fx as fx
 
 from mncore.compiler import fusion, memory_plan, passes, precision
 from mncore.compiler.program import Executable
-from mncore.sim.cost import cost_model
+from mncore.sim.cost import COSTS_JSON, cost_model
 
 COMPILER_VERSION = "1"
+
+
+@functools.lru_cache(maxsize=None)
+def _fingerprint(costs_path: str) -> str:
+    h = hashlib.sha256()
+    pkg = Path(__file__).resolve().parents[1]
+    files = sorted((pkg / "compiler").glob("*.py")) + sorted((pkg / "sim").glob("*.*")) + [Path(costs_path)]
+    for f in files:
+        if f.is_file():
+            h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:10]
+
+
+def compiler_version() -> str:
+    """The version plus a hash of the compiler's and cost model's sources and constants, so that
+    cache entries made by any other compiler (or other costs.json) are never loaded."""
+    return f"{COMPILER_VERSION}.{_fingerprint(os.environ.get('MNCORE_SIM_COSTS', str(COSTS_JSON)))}"
 
 
 class StaticShapeError(RuntimeError):
@@ -23,6 +45,12 @@ def _check_static(graph: fx.Graph, name: str) -> None:
             if m is not None and not all(type(s) is int for s in m[0]):
                 raise StaticShapeError(f"mncore: graph {name}: op {n.target} (node {n.name}) has the dynamic shape "
                                        f"{list(m[0])}; MN-Core graphs need every shape fixed at compile time")
+
+
+def _host_bytes(node: fx.Node) -> int:
+    """Bytes a value occupies as a host-side buffer (its own dtype), for device-memory accounting."""
+    m = (node.meta.get("mn") or [None])[0]
+    return 0 if m is None else math.prod(m[0]) * m[2].itemsize
 
 
 def _value_bytes(node: fx.Node, policy: str) -> int:
@@ -82,8 +110,9 @@ def compile_graph(graph: fx.Graph, name: str, key: Any, policy: str, emulate: bo
         "modelled_s": compute + model.launch_s,
         "compute_bound_s": sum(k.time_s for k in kernels if k.bound == "compute"),
         "peak_bytes": plan.peak_bytes,
+        "input_host_bytes": sum(_host_bytes(n) for n in graph.nodes if n.op == "placeholder"),
         "policy": policy,
-        "compiler_version": COMPILER_VERSION,
+        "compiler_version": compiler_version(),
         "torch": torch.__version__,
     })
     out_node = next(n for n in reversed(graph.nodes) if n.op == "output")

@@ -105,7 +105,7 @@ class TensorProxy:
         """Wait for the producing job and copy the value to the host."""
         buf = self._leaf().wait()
         metrics.add("bytes_to_host", buf.numel() * buf.element_size())
-        return buf.to("cpu", copy=True)
+        return buf.to("cpu", dtype=self._meta[2], copy=True)  # 'double' keeps float32 values as float64
 
     def item(self) -> Any:
         return self.cpu().item()

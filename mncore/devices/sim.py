@@ -48,12 +48,15 @@ def detach() -> None:
         _board[0] = None
 
 
-def check_memory(exe: Any, leaves: list, policy: str) -> None:
-    """Raise when the plan's peak exceeds DRAM minus what other live device tensors hold."""
+def check_memory(exe: Any) -> None:
+    """Raise when the plan's peak exceeds DRAM minus what other live device tensors hold.
+
+    Checked on every submission (a cached graph can stop fitting when other tensors grow);
+    the buffer table keeps a running byte total, so this costs O(1).
+    """
     capacity = hardware().dram_bytes
-    own = sum(storage_bytes(leaf.meta, policy) for leaf in leaves)
-    resident = max(buffers.live_bytes() - own, 0)
-    free = capacity - resident
+    resident = max(buffers.live_bytes() - exe.stats.get("input_host_bytes", 0), 0)
+    free = max(capacity - resident, 0)
     need = exe.plan.peak_bytes
     if need > free:
         raise DeviceOutOfMemoryError(

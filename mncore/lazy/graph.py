@@ -165,12 +165,12 @@ def build(refs: list[tuple], options: tuple = ()) -> tuple[Executable, list[Data
         name = _stable_name(order, key)
         exe = disk_cache.get_or_compile(
             name, policy, key, lambda: _compile(order, len(leaves), len(scalars), outputs, key, name, policy))
-        if settings.simulated:
-            sim.check_memory(exe, leaves, policy)
         cache.put(key, exe)
         codegen.write_lazy(exe)
     else:
         metrics.add("cache_hits")
+    if settings.simulated:
+        sim.check_memory(exe)
     return exe, leaves, scalars
 
 

@@ -690,9 +690,11 @@ def realize(t: LazyTensor, reason: str) -> torch.Tensor:
     buf = st.value[0].wait()
     for op, args, _ in t._ch:
         buf = views.apply_eager(op, args, buf)
-    shape, stride, _ = t._m
-    if buf.stride() != stride and buf.numel() > 1:  # kernels may pick other layouts; hand back the traced one
-        buf = torch.empty_strided(shape, stride, dtype=buf.dtype, device=buf.device).copy_(buf)
+    shape, stride, dtype = t._m
+    # kernels may pick other layouts, and the 'double' precision policy keeps float32 values in
+    # float64 on the device: hand back the traced layout and dtype
+    if (buf.stride() != stride and buf.numel() > 1) or buf.dtype != dtype:
+        buf = torch.empty_strided(shape, stride, dtype=dtype, device=buf.device).copy_(buf)
     return buf
 
 

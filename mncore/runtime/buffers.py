@@ -11,7 +11,12 @@ from typing import Any, Callable
 
 _table: dict[int, Any] = {}
 _ids = itertools.count(1)
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: a Data.__del__ run by the GC inside a locked section frees too
+_total = [0]  # bytes held by every buffer, kept up to date so device-memory checks are O(1)
+
+
+def _nbytes(t: Any) -> int:
+    return t.numel() * t.element_size() if hasattr(t, "element_size") else 0
 
 
 def new_id() -> int:
@@ -19,7 +24,10 @@ def new_id() -> int:
 
 
 def put(bid: int, tensor: Any) -> None:
-    _table[bid] = tensor
+    with _lock:
+        old = _table.get(bid)
+        _table[bid] = tensor
+        _total[0] += _nbytes(tensor) - (_nbytes(old) if old is not None else 0)
 
 
 def get(bid: int) -> Any:
@@ -30,7 +38,10 @@ def get(bid: int) -> Any:
 
 
 def free(bid: int) -> None:
-    _table.pop(bid, None)
+    with _lock:
+        old = _table.pop(bid, None)
+        if old is not None:
+            _total[0] -= _nbytes(old)
 
 
 def live() -> int:
@@ -38,7 +49,8 @@ def live() -> int:
 
 
 def live_bytes() -> int:
-    return sum(t.numel() * t.element_size() for t in list(_table.values()))
+    """Bytes held by all device buffers (a running total)."""
+    return _total[0]
 
 
 def migrate(fn: Callable[[Any], Any]) -> None:
@@ -46,3 +58,4 @@ def migrate(fn: Callable[[Any], Any]) -> None:
     with _lock:
         for bid, t in list(_table.items()):
             _table[bid] = fn(t)
+        _total[0] = sum(_nbytes(t) for t in _table.values())
