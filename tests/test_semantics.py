@@ -1277,3 +1277,19 @@ def test_fallback_result_feeds_lazy_ops():
         return y, pos, x
 
     run_both(f, torch.tensor([1.0, -2.0, 0.0, 3.0]), allow_implicit_sync=True)
+
+
+@pytest.mark.parametrize("stride", [(12, 4, 2, 1), (12, 1, 6, 3), (1, 2, 6, 12), (6, 2, 1, 1)])
+def test_as_strided_inplace_same_shape_reads_storage_like_eager(stride):
+    """Found by `harness fuzz`: restriding in place must re-read the storage as eager does."""
+    x = torch.arange(24.0).reshape(2, 3, 2, 2)
+    got = x.clone().mncore().as_strided_(x.shape, stride)
+    assert torch.equal(got.cpu(), x.clone().as_strided_(x.shape, stride))
+
+
+def test_as_strided_inplace_out_of_bounds_raises_like_eager():
+    x = torch.arange(24.0).reshape(2, 3, 2, 2)
+    with pytest.raises(RuntimeError):
+        x.clone().as_strided_(x.shape, (24, 4, 2, 1))
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        x.clone().mncore().as_strided_(x.shape, (24, 4, 2, 1))

@@ -38,7 +38,7 @@ def manifest(exe: Executable, input_names: dict[int, str] | None = None,
     """Everything a user needs to see what the compiler made of a graph, as plain JSON data."""
     import mncore
 
-    graph = exe.gm.graph
+    graph = exe.graph
     where = {p.name: f"DRAM@{p.start}-{p.end}" for p in exe.plan.placements} if exe.plan else {}
     placeholders = [n for n in graph.nodes if n.op == "placeholder" and n.meta["mn"][0] is not None]
     out_node = next(n for n in reversed(graph.nodes) if n.op == "output")

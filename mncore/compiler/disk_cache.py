@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import marshal
 import os
 import pickle
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -68,30 +70,43 @@ def _location() -> tuple[Path, bool] | None:
 
 
 def entry_path(directory: Path, name: str, policy: str) -> Path:
-    return directory / f"{name}-{settings.kind}-{policy}-c{compiler_version()}-torch{torch.__version__}.mnx"
+    py = f"py{sys.version_info[0]}{sys.version_info[1]}"  # entries hold marshalled bytecode
+    return directory / f"{name}-{settings.kind}-{policy}-c{compiler_version()}-torch{torch.__version__}-{py}.mnx"
 
 
 def _encode(exe: Executable) -> bytes:
-    nodes = list(exe.gm.graph.nodes)
+    nodes = list(exe.graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
     kernels = [(k.index, k.anchor, [index[n] for n in k.nodes], [index[n] for n in k.inputs],
                 [index[n] for n in k.outputs], k.flops, k.bytes, k.fmt, k.time_s, k.bound) for k in exe.kernels]
-    payload = {"name": exe.name, "policy": exe.policy, "graph": serialize.encode_graph(exe.gm.graph),
+    gm = exe.gm
+    code = marshal.dumps(compile(gm.code, f"<mncore {exe.name}>", "exec"))
+    payload = {"name": exe.name, "policy": exe.policy, "graph": serialize.encode_graph(exe.graph),
                "kernels": kernels, "plan": exe.plan, "stats": exe.stats, "output_metas": exe.output_metas,
-               "n_nodes": exe.n_nodes}
+               "n_nodes": exe.n_nodes, "code": code, "globals": serialize.encode_globals(gm.forward.__globals__)}
     return zstandard.ZstdCompressor(level=3).compress(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _decode(data: bytes, key: Any) -> Executable:
+    """Everything but the graph is decoded now; the graph and kernels only when first needed."""
     p = pickle.loads(zstandard.ZstdDecompressor().decompress(data))
-    graph = serialize.decode_graph(p["graph"])
-    nodes = list(graph.nodes)
-    kernels = [Kernel(index=i, anchor=a, nodes=[nodes[j] for j in ns], inputs=[nodes[j] for j in ins],
-                      outputs=[nodes[j] for j in outs], flops=f, bytes=b, fmt=fmt, time_s=t, bound=bound)
-               for i, a, ns, ins, outs, f, b, fmt, t, bound in p["kernels"]]
-    return Executable(name=p["name"], gm=fx.GraphModule(torch.nn.Module(), graph), n_nodes=p["n_nodes"], key=key,
-                      policy=p["policy"], kernels=kernels, plan=p["plan"], stats=p["stats"],
-                      emulate=settings.simulated, output_metas=p["output_metas"])
+    g = serialize.decode_globals(p["globals"])
+    exec(marshal.loads(p["code"]), g)  # noqa: S102 - our own generated code, checksummed
+
+    def load() -> tuple[fx.Graph, list[Kernel]]:
+        graph = serialize.decode_graph(p["graph"])
+        nodes = list(graph.nodes)
+        kernels = [Kernel(index=i, anchor=a, nodes=[nodes[j] for j in ns], inputs=[nodes[j] for j in ins],
+                          outputs=[nodes[j] for j in outs], flops=f, bytes=b, fmt=fmt, time_s=t, bound=bound)
+                   for i, a, ns, ins, outs, f, b, fmt, t, bound in p["kernels"]]
+        return graph, kernels
+
+    exe = Executable(name=p["name"], n_nodes=p["n_nodes"], key=key, policy=p["policy"], plan=p["plan"],
+                     stats=p["stats"], emulate=settings.simulated, output_metas=p["output_metas"],
+                     forward=g["forward"], loader=load)
+    if exe.emulate and settings.sim_mode == "functional":
+        exe._load()  # the emulator walks the graph on every job: decode it once, here
+    return exe
 
 
 def _read(path: Path, key: Any) -> Executable | None:

@@ -116,6 +116,6 @@ def compile_graph(graph: fx.Graph, name: str, key: Any, policy: str, emulate: bo
         "torch": torch.__version__,
     })
     out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
-    return Executable(name=name, gm=gm, n_nodes=stats["nodes"], key=key, policy=policy, kernels=kernels,
-                      plan=plan, stats=stats, emulate=emulate,
+    return Executable.from_graph_module(gm, kernels, name=name, n_nodes=stats["nodes"], key=key, policy=policy,
+                                        plan=plan, stats=stats, emulate=emulate,
                       output_metas=[n.meta["mn"][0] for n in out_node.args[0]])

@@ -7,7 +7,7 @@ device would round (``precision``), so their numerics show what ``mixed`` and ``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
@@ -27,16 +27,47 @@ class KernelFailed(Exception):
 
 @dataclass(eq=False)
 class Executable:
+    """What the runtime runs. Loaded from the disk cache, the graph and kernels are decoded only
+    when something needs them (emulation, error reports, codegen): pfvm and performance-mode
+    execution need only the generated ``forward`` and the statistics."""
+
     name: str
-    gm: fx.GraphModule
     n_nodes: int
     key: Any
     policy: str = "float"
-    kernels: list[Kernel] = field(default_factory=list)
     plan: MemoryPlan | None = None
     stats: dict[str, Any] = field(default_factory=dict)
     emulate: bool = False
     output_metas: list = field(default_factory=list)
+    forward: Callable[..., Any] | None = None  # generated code: forward(self, *args)
+    loader: Callable[[], tuple[fx.Graph, list[Kernel]]] | None = None
+    _graph: fx.Graph | None = None
+    _kernels: list[Kernel] | None = None
+    _gm: fx.GraphModule | None = None
+
+    @classmethod
+    def from_graph_module(cls, gm: fx.GraphModule, kernels: list[Kernel], **kw: Any) -> Executable:
+        return cls(_graph=gm.graph, _kernels=kernels, _gm=gm, **kw)
+
+    def _load(self) -> None:
+        if self._graph is None:
+            self._graph, self._kernels = self.loader()
+
+    @property
+    def graph(self) -> fx.Graph:
+        self._load()
+        return self._graph
+
+    @property
+    def kernels(self) -> list[Kernel]:
+        self._load()
+        return self._kernels
+
+    @property
+    def gm(self) -> fx.GraphModule:
+        if self._gm is None:
+            self._gm = fx.GraphModule(torch.nn.Module(), self.graph)
+        return self._gm
 
     @property
     def modelled_s(self) -> float:
@@ -44,9 +75,11 @@ class Executable:
         return self.stats.get("modelled_s", 0.0)
 
     def fn(self, *args: Any) -> Any:
-        if not self.emulate:
-            return self.gm(*args)
-        return run_kernels(self, list(args))
+        if self.emulate:
+            return run_kernels(self, list(args))
+        if self.forward is not None:
+            return self.forward(None, *args)
+        return self.gm(*args)
 
 
 def _to_double(x: Any) -> Any:
@@ -59,7 +92,7 @@ def _to_double(x: Any) -> Any:
 
 def run_kernels(exe: Executable, args: list) -> tuple:
     """Emulate the device: kernels in order, number formats applied at kernel boundaries."""
-    graph = exe.gm.graph
+    graph = exe.graph
     policy = exe.policy
     env: dict[fx.Node, Any] = {}
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]

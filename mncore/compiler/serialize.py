@@ -6,7 +6,9 @@ graph targets are written as names and resolved again on load. A target that can
 """
 from __future__ import annotations
 
+import builtins
 import importlib
+import types
 from typing import Any
 
 import torch
@@ -120,3 +122,29 @@ def decode_graph(rows: list[tuple]) -> fx.Graph:
     return g
 
 
+
+
+def encode_globals(g: dict[str, Any]) -> dict[str, tuple]:
+    """The globals of FX-generated code (modules, types, numbers and graph targets) as names."""
+    out = {}
+    for k, v in g.items():
+        if k == "__builtins__":
+            continue
+        if v is None or isinstance(v, (bool, int, float, str)):
+            out[k] = ("value", v)
+        elif isinstance(v, types.ModuleType):
+            out[k] = ("module", v.__name__)
+        elif v is type(None):
+            out[k] = ("none_type",)
+        else:
+            out[k] = ("target", encode_target(v))
+    return out
+
+
+def decode_globals(g: dict[str, tuple]) -> dict[str, Any]:
+    out: dict[str, Any] = {"__builtins__": builtins}
+    for k, code in g.items():
+        kind = code[0]
+        out[k] = (code[1] if kind == "value" else importlib.import_module(code[1]) if kind == "module"
+                  else type(None) if kind == "none_type" else decode_target(code[1]))
+    return out

@@ -797,13 +797,33 @@ def _route(func: Any) -> tuple:
     return info, _SPECIAL.get(func) or _HANDLERS[info.kind]
 
 
+def _restride_same_shape(self: LazyTensor, stride: list, offset: int) -> LazyTensor:
+    """``x.as_strided_(x.shape, stride, offset)``: eager re-reads x's storage with new strides.
+
+    PyTorch does this to keep channels_last after pooling. Lazy metadata is fixed, so the new
+    values are computed (lay x out in its storage order, read it back with the new strides) and
+    written into x, which keeps its traced strides.
+    """
+    shape, old_stride, dtype = self._m
+    if stride == list(old_stride) and offset == 0:
+        return self
+    if 0 in shape:
+        return self
+    extent = 1 + sum((n - 1) * st for n, st in zip(shape, old_stride))
+    need = offset + 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+    if offset < 0 or any(st < 0 for st in stride) or need > extent:
+        raise RuntimeError(f"as_strided_: size {list(shape)}, stride {stride}, offset {offset} reach element "
+                           f"{need - 1} of a storage of {extent} elements (out of bounds)")
+    flat = torch.zeros(extent, dtype=dtype, device=DEVICE_NAME)
+    flat = torch.as_strided_scatter(flat, self, shape, old_stride)
+    self.copy_(torch.as_strided(flat, shape, stride, offset).clone())
+    return self
+
+
 def _metadata_inplace(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     self = args[0]
-    if info.name == "as_strided_" and list(args[1]) == list(self._m[0]) and not (
-            len(args) > 3 and args[3]) and isinstance(self, LazyTensor):
-        # Restriding to the same shape (PyTorch does this to keep channels_last after a pooling mean)
-        # changes no value of the logical tensor; lazy tensors keep their traced strides.
-        return self
+    if info.name == "as_strided_" and isinstance(self, LazyTensor) and list(args[1]) == list(self._m[0]):
+        return _restride_same_shape(self, list(args[2]), (args[3] if len(args) > 3 else None) or 0)
     raise NotImplementedError(
         f"mncore: {info.name} changes a tensor's shape or strides in place, which lazy tensors (static "
         f"metadata) cannot do; use the out-of-place form, e.g. x = x.{info.name.split('.')[0].rstrip('_')}(...)"
