@@ -102,9 +102,11 @@ def _known_failure(case: Case, backend: str, known: list) -> bool:
 
 
 class Campaign:
+    """One ``harness fuzz`` run: the loop, the counters and the output files."""
+
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.out = Path(cfg.out)
+        self.out = Path(cfg.out).resolve()  # repro paths in the summary work from any directory
         self.stats = Stats()
         self.meta = {"seed": cfg.seed, "backend": cfg.backend, "plugin": cfg.plugin, "command": cfg.command(),
                      "case_timeout": cfg.case_timeout, "torch": torch.__version__}
@@ -143,7 +145,7 @@ class Campaign:
                     bar.update(n, time.monotonic() - t_fuzz, len(self.stats.failures))
         finally:
             bar.close()
-            worker.stop()
+            worker.close()
         elapsed = time.monotonic() - t_start
         summary = self._summary(n, elapsed, time.monotonic() - t_fuzz, startup_s, rows, registry_path, worker)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")

@@ -116,7 +116,8 @@ def main() -> None:
     Context.switch_context(context)
     got, got_args, got_kwargs = oracles.lazy_call(op, args, kwargs)  # lazy mode (agrees with eager)
     lazy = oracles.result_dict(op, got, got_args, got_kwargs)
-    compiled, proxies = oracles.context_call(op, args, kwargs, context, tempfile.mkdtemp())  # Context API
+    with tempfile.TemporaryDirectory() as codegen_dir:  # Context API: compile and call once
+        compiled, proxies = oracles.context_call(op, args, kwargs, context, codegen_dir)
     for k, (shape, dtype) in proxies.items():
         print(f"{k}: TensorProxy {shape} {dtype}; .cpu() {list(compiled[k].shape)} {compiled[k].dtype}; "
               f"lazy {list(lazy[k].shape) if k in lazy else None} {lazy[k].dtype if k in lazy else None}")
@@ -164,7 +165,8 @@ _STEPS = {
 
     context = Context(MNDevice(BACKEND))
     Context.switch_context(context)
-    oracles.context_call(op, args, kwargs, context, tempfile.mkdtemp())
+    with tempfile.TemporaryDirectory() as codegen_dir:
+        oracles.context_call(op, args, kwargs, context, codegen_dir)
 """,
     "grad_vs_eager": """    oracles.grads(op, args, kwargs, "mncore", WEIGHT_SEED)
 """,

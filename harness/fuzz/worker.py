@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import multiprocessing
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -47,7 +48,7 @@ def load_plugin(plugin: str) -> None:
         importlib.import_module(plugin)
 
 
-def _worker_main(conn: Any, backend: str, plugin: str | None, cwd: str, log_path: str) -> None:
+def _worker_main(conn: Any, backend: str, plugin: str | None, cwd: str, log_path: str, codegen_dir: str) -> None:
     """Entry point of a worker process (runs in the child)."""
     log = open(log_path, "a", buffering=1)
     os.dup2(log.fileno(), 1)
@@ -76,7 +77,6 @@ def _worker_main(conn: Any, backend: str, plugin: str | None, cwd: str, log_path
             load_plugin(plugin)
         context = Context(MNDevice(backend))
         Context.switch_context(context)
-        codegen_dir = tempfile.mkdtemp(prefix="mncore-fuzz-")
         run_case(Case.from_json(_WARMUP), context, codegen_dir)
     except BaseException:  # noqa: BLE001 - report set-up failures (bad plugin, bad backend) to the parent
         conn.send(("setup_error", traceback.format_exc()))
@@ -132,6 +132,7 @@ class Worker:
         self.conn: Any = None
         self.restarts = 0
         self.starts = 0
+        self.codegen_dir = tempfile.mkdtemp(prefix="mncore-fuzz-")  # Context compiles write here (reused)
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(_PRELOAD)
 
@@ -145,7 +146,8 @@ class Worker:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         parent, child = self._ctx.Pipe()
         self.proc = self._ctx.Process(target=_worker_main, daemon=True,
-                                      args=(child, self.backend, self.plugin, os.getcwd(), str(self.log_path)))
+                                      args=(child, self.backend, self.plugin, os.getcwd(), str(self.log_path),
+                                            self.codegen_dir))
         with _main_module_hidden():
             self.proc.start()
         child.close()
@@ -186,6 +188,11 @@ class Worker:
         if self.proc.is_alive():
             self.proc.kill()
         self._reap()
+
+    def close(self) -> None:
+        """Stop the worker and remove its scratch directory."""
+        self.stop()
+        shutil.rmtree(self.codegen_dir, ignore_errors=True)
 
     def restart(self) -> None:
         self.stop()
