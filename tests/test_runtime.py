@@ -295,3 +295,26 @@ def test_manual_seed_makes_random_ops_reproducible():
     mncore.sync()
     assert torch.equal(a.cpu(), a2.cpu()) and torch.equal(b.cpu(), b2.cpu())
     assert not torch.equal(a.cpu(), torch.randn(5, device="mncore").cpu())
+
+
+def test_kernel_result_that_contradicts_its_trace_fails_naming_the_op():
+    """Found by `harness fuzz`: eager CPU accepts these mismatched shapes and returns [1, 1] where the
+    op's shape rule (and the trace) says [1, 2]; mncore must not hand back a value of another shape."""
+    grad, out = torch.randn(1, 1), torch.randn(1, 2)
+    eager = torch.ops.aten._log_softmax_backward_data(grad, out, 1, torch.float32)
+    assert list(eager.shape) == [1, 1]  # the inconsistency this test relies on
+    lazy = torch.ops.aten._log_softmax_backward_data(grad.mncore(), out.mncore(), 1, torch.float32)
+    assert list(lazy.shape) == [1, 2]
+    mncore.sync()
+    with pytest.raises(mncore.DeviceExecutionError, match=r"_log_softmax_backward_data.*returned \[1, 1\].*traced as \[1, 2\]"):
+        mncore.wait_device_ops()
+
+
+def test_batchnorm_eval_statistics_keep_their_traced_shape():
+    """CPU batch norm in eval mode returns empty save_mean/save_invstd; the traced [C] shape is kept."""
+    x, w, b = torch.randn(2, 3, 4, 4), torch.randn(3), torch.randn(3)
+    rm, rv = torch.zeros(3), torch.ones(3)
+    out = torch.ops.aten.native_batch_norm(x.mncore(), w.mncore(), b.mncore(), rm.mncore(), rv.mncore(), False, 0.1, 1e-5)
+    ref = torch.ops.aten.native_batch_norm(x, w, b, rm, rv, False, 0.1, 1e-5)
+    torch.testing.assert_close(out[0].cpu(), ref[0])
+    assert [list(t.cpu().shape) for t in out[1:]] == [[3], [3]]

@@ -8,6 +8,7 @@ the job is done, then traces on while the device runs.
 from __future__ import annotations
 
 import atexit
+import operator
 import queue
 import threading
 from dataclasses import dataclass, field
@@ -131,6 +132,7 @@ class Executor:
                     outs = exe.fn(*args)
                     if settings.exec_device.type == "cuda":
                         torch.cuda.synchronize(settings.exec_device)
+                outs = _conform_outputs(exe, outs)
             except Exception as e:  # noqa: BLE001 - reported to the host, never swallowed
                 err = self._describe(exe, args, e)
         t2 = timeline.now()
@@ -163,6 +165,8 @@ class Executor:
     @staticmethod
     def _describe(exe: Any, args: list, exc: Exception) -> DeviceExecutionError:
         op = "?"
+        if isinstance(exc, DeviceExecutionError):
+            return exc
         if isinstance(exc, KernelFailed):
             op, exc = f"{exc.node.target} (node {exc.node.name}, kernel {exc.kernel})", exc.exc
             return DeviceExecutionError(f"mncore: graph {exe.name} failed at op {op}: {type(exc).__name__}: {exc}")
@@ -173,6 +177,37 @@ class Executor:
         except Exception:  # noqa: BLE001 - best effort only
             pass
         return DeviceExecutionError(f"mncore: graph {exe.name} failed at op {op}: {type(exc).__name__}: {exc}")
+
+
+def _conform_outputs(exe: Any, outs: tuple) -> tuple:
+    """Hold every result to the shape and dtype it was traced with.
+
+    Eager CPU kernels do not validate every input combination, and a few return outputs that are
+    undefined in a mode as empty tensors (batch-norm statistics in eval) or in another dtype than
+    their meta kernel (half layer-norm statistics). Empty placeholders become zeros of the traced
+    shape and dtype differences are cast; any other shape difference would corrupt later reads
+    silently, so it fails naming the op.
+    """
+    fixed = None
+    for i, (o, m) in enumerate(zip(outs, exe.output_metas)):
+        if m is None or not isinstance(o, torch.Tensor):
+            continue
+        if o.shape != m[0]:
+            if o.numel() != 0:
+                node = next(n for n in reversed(exe.graph.nodes) if n.op == "output").args[0][i]
+                if node.target is operator.getitem:  # one output of a multi-output op: name the op
+                    node = node.args[0]
+                raise DeviceExecutionError(
+                    f"mncore: graph {exe.name} failed at op {node.target} (node {node.name}): it returned "
+                    f"{list(o.shape)} {o.dtype} but was traced as {list(m[0])} {m[2]}; its inputs are probably invalid")
+            o = torch.zeros(m[0], dtype=m[2], device=o.device)
+        elif o.dtype != m[2] and not (exe.policy == "double" and o.dtype == torch.float64):
+            o = o.to(m[2])
+        else:
+            continue
+        fixed = fixed or list(outs)
+        fixed[i] = o
+    return outs if fixed is None else tuple(fixed)
 
 
 executor = Executor()
