@@ -551,3 +551,39 @@ def test_mncore_dump_prints_the_manifest(env, tmp_path, capsys):
 def test_mncore_dump_on_a_directory_without_manifest(tmp_path, capsys):
     assert dump.main([str(tmp_path)]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_codegen_dir_has_model_onnx_when_requested(env, tmp_path):
+    """With MNCORE_CODEGEN_ONNX=1 and the onnx extra (a dev dependency), model.onnx holds the graph:
+    ONNX's own reference evaluator reproduces eager's result from it."""
+    onnx = pytest.importorskip("onnx", reason="the onnx extra is part of the dev install")
+    from onnx.reference import ReferenceEvaluator
+    from mncore.context import Context, MNDevice
+
+    env.setenv("MNCORE_CODEGEN_ONNX", "1")
+    ctx = Context(MNDevice("pfvm:cpu"))
+    Context.switch_context(ctx)
+    x = torch.randn(3, 8)
+    ctx.compile(lambda i: {"out": torch.softmax(i["x"] @ i["x"].T, -1)}, {"x": x}, tmp_path / "cg")
+    man = json.loads((tmp_path / "cg" / "manifest.json").read_text())
+    assert man["onnx"] == {"written": True, "file": "model.onnx"}
+    model = onnx.load(str(tmp_path / "cg" / "model.onnx"))
+    (got,) = ReferenceEvaluator(model).run(None, {model.graph.input[0].name: x.numpy()})
+    torch.testing.assert_close(torch.from_numpy(got), torch.softmax(x @ x.T, -1), rtol=1e-5, atol=1e-6)
+
+
+def test_codegen_dir_says_why_there_is_no_model_onnx(env, tmp_path):
+    """A training step's foreach optimizer update has no ONNX translation: the manifest says so."""
+    pytest.importorskip("onnxscript", reason="the onnx extra is part of the dev install")
+    env.setenv("MNCORE_CODEGEN_ONNX", "1")
+    env.setenv("MNCORE_CODEGEN_DIR", str(tmp_path / "lazy"))
+    mncore.init("emu2")
+    lin = torch.nn.Linear(4, 2).mncore()
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1, foreach=True)
+    lin(torch.randn(3, 4).mncore()).sum().backward()
+    opt.step()
+    mncore.sync()
+    mncore.wait_device_ops()
+    reasons = [json.loads(m.read_text())["onnx"] for m in (tmp_path / "lazy").glob("*/manifest.json")]
+    assert reasons and all(not r["written"] and r["reason"] for r in reasons)
+    assert not list((tmp_path / "lazy").glob("*/model.onnx"))

@@ -2,12 +2,16 @@
 
 Context API: ``Context.compile(..., codegen_dir)``. Lazy mode: one directory per graph under
 ``MNCORE_CODEGEN_DIR`` when it is set. Files larger than ``ZSTD_THRESHOLD`` bytes are written
-zstd-compressed (``.zst``); ``mncore-dump DIR`` prints the manifest.
+zstd-compressed (``.zst``); ``mncore-dump DIR`` prints the manifest. With the ``onnx`` extra
+installed and ``MNCORE_CODEGEN_ONNX=1``, ``model.onnx`` of the graph is exported too.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import warnings
 import pathlib
 from typing import Any
 
@@ -85,14 +89,48 @@ def _write(path: pathlib.Path, name: str, text: str) -> None:
         (path / name).write_bytes(data)
 
 
+def _example_inputs(exe: Executable) -> tuple:
+    args = []
+    for n in exe.graph.nodes:
+        if n.op == "placeholder":
+            m = n.meta["mn"][0]
+            args.append(torch.zeros(m[0], dtype=m[2]) if m is not None else 0.0)
+    return tuple(args)
+
+
+def write_onnx(path: pathlib.Path, exe: Executable) -> dict[str, Any]:
+    """``model.onnx`` of the graph when ``MNCORE_CODEGEN_ONNX=1`` and the ``onnx`` extra is installed
+    (best effort: PyTorch's ONNX
+    exporter has no translation for some training ops, e.g. foreach optimizer updates; the reason is
+    recorded in the manifest instead)."""
+    if os.environ.get("MNCORE_CODEGEN_ONNX", "") in ("", "0"):
+        return {"written": False, "reason": "not requested (set MNCORE_CODEGEN_ONNX=1; an export takes seconds)"}
+    try:
+        import onnx  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError:
+        return {"written": False, "reason": "the onnx extra is not installed (pip install 'mncore[onnx]')"}
+    (path / "model.onnx").unlink(missing_ok=True)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(exe.gm, _example_inputs(exe), dynamo=True, verbose=False)
+        program.save(str(path / "model.onnx"))
+    except Exception as e:  # noqa: BLE001 - the export is optional; say why it is missing
+        lines = [ln for ln in str(e).splitlines() if ln.strip()]
+        return {"written": False, "reason": f"{type(e).__name__}: {lines[0] if lines else ''}"[:500]}
+    return {"written": True, "file": "model.onnx"}
+
+
 def write(path: str | os.PathLike, exe: Executable | None, man: dict[str, Any]) -> pathlib.Path:
-    """Write manifest, program listing and FX code of ``exe`` into ``path`` (created if needed)."""
+    """Write manifest, program listing, FX code and (with the onnx extra) ``model.onnx`` of ``exe``."""
     path = pathlib.Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    (path / MANIFEST).write_text(json.dumps(man, indent=2, default=str))
     if exe is not None:
         _write(path, "program.txt", program_text(exe))
         _write(path, "graph.py", exe.gm.code)
+        man = {**man, "onnx": write_onnx(path, exe)}
+    (path / MANIFEST).write_text(json.dumps(man, indent=2, default=str))
     return path
 
 
