@@ -6,9 +6,18 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+import contextlib  # noqa: E402
+
 import pytest  # noqa: E402
 
 import mncore  # noqa: E402
+from mncore.context import Context, MNDevice  # noqa: E402
+
+# Settings the simulator tests must not inherit from the environment they run in.
+SIM_ENV_VARS = ("MNCORE_SIM_BOARDS", "MNCORE_LOCK_TIMEOUT", "MNCORE_SIM_DRAM_BYTES", "MNCORE_SIM_MODE",
+                "MNCORE_FLOAT_DTYPE", "MNCORE_CACHE_DIR", "MNCORE_CACHE_READONLY", "MNCORE_CODEGEN_DIR",
+                "MNCORE_CODEGEN_ONNX", "MNCORE_SIM_COSTS", "MNCORE_EXECUTION", "MNCORE_IMPLICIT_SYNC",
+                "MNCORE_DEBUG")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -24,3 +33,27 @@ def _mncore_cpu():
     mncore.init_cpu(implicit_sync="warn", execution="async")
     yield
     mncore.wait_device_ops()
+
+
+def back_to_cpu() -> None:
+    """Drain the worker (a failed job's error must not leak into the next test) and re-init pfvm:cpu."""
+    if Context._current is not None and Context._current.device.name != "pfvm:cpu":
+        with contextlib.suppress(Exception):
+            Context.switch_context(Context(MNDevice("pfvm:cpu")))
+    for _ in range(3):  # init syncs what is pending: a failing graph raises once, then the switch goes through
+        try:
+            mncore.init_cpu(implicit_sync="warn", execution="async")
+            return
+        except Exception:  # noqa: BLE001 - the test that left it has already reported it
+            pass
+    mncore.init_cpu(implicit_sync="warn", execution="async")
+
+
+@pytest.fixture
+def sim_env(monkeypatch, tmp_path):
+    """Isolated simulator environment (own board lock directory); pfvm:cpu again afterwards."""
+    for var in SIM_ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MNCORE_RUNTIME_DIR", str(tmp_path / "runtime"))
+    yield monkeypatch
+    back_to_cpu()

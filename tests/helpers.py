@@ -44,3 +44,18 @@ def mlp(width: int, depth: int = 4, classes: int = 10) -> torch.nn.Sequential:
 
 def ce(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(model(x), y)
+
+
+def eager_seed_mlp_train() -> tuple[float, torch.Tensor]:
+    """examples/context/mlp_train.py run eagerly: its last loss and ``model[2].bias`` (nothing between
+    the loader and the model draws random numbers, so the seeds line up)."""
+    torch.manual_seed(0)
+    loader = [{"x": torch.randn(64, 512), "y": torch.randint(0, 10, (64,))} for _ in range(20)]
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for batch in loader:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(batch["x"]), batch["y"])
+        loss.backward()
+        opt.step()
+    return loss.item(), model[2].bias.detach()

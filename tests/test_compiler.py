@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SIM_ENV_VARS, back_to_cpu
 import torch
 import torch.nn.functional as F
 import zstandard
@@ -34,28 +35,11 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[1]
 RTOL, ATOL = 1e-5, 1e-6  # float32 vs float32: only summation order may differ
 ANCHORS = ("complex", "reduction", "opaque")
-_ENV_VARS = ("MNCORE_SIM_BOARDS", "MNCORE_LOCK_TIMEOUT", "MNCORE_SIM_DRAM_BYTES", "MNCORE_SIM_MODE",
-             "MNCORE_FLOAT_DTYPE", "MNCORE_CACHE_DIR", "MNCORE_CACHE_READONLY", "MNCORE_CODEGEN_DIR",
-             "MNCORE_SIM_COSTS", "MNCORE_EXECUTION", "MNCORE_IMPLICIT_SYNC", "MNCORE_DEBUG")
-
-
-def _back_to_cpu() -> None:
-    for _ in range(3):
-        try:
-            mncore.init_cpu(implicit_sync="warn", execution="async")
-            return
-        except Exception:  # noqa: BLE001 - an earlier failed graph re-raises once
-            pass
-    mncore.init_cpu(implicit_sync="warn", execution="async")
 
 
 @pytest.fixture
-def env(monkeypatch, tmp_path):
-    for var in _ENV_VARS:
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("MNCORE_RUNTIME_DIR", str(tmp_path / "runtime"))
-    yield monkeypatch
-    _back_to_cpu()
+def env(sim_env):
+    return sim_env
 
 
 def _step_graphs(build, device: str = "emu2", policy: str = "float") -> tuple[list, tuple, tuple]:
@@ -68,7 +52,7 @@ def _step_graphs(build, device: str = "emu2", policy: str = "float") -> tuple[li
     eager_loss.backward()
     eager_opt.step()
     with pytest.MonkeyPatch.context() as mp:
-        for var in _ENV_VARS:
+        for var in SIM_ENV_VARS:
             mp.delenv(var, raising=False)
         mncore.init(device, float_dtype=policy)
         try:
@@ -84,7 +68,7 @@ def _step_graphs(build, device: str = "emu2", policy: str = "float") -> tuple[li
             exes = list(lazy_graph.cache._d.values())
             lazy = (loss.cpu(), [p.detach().cpu() for p in lazy_model.parameters()])
         finally:
-            _back_to_cpu()
+            back_to_cpu()
     return exes, lazy, (eager_loss.detach(), [p.detach() for p in eager_model.parameters()])
 
 

@@ -23,7 +23,7 @@ from mncore.context import (
     CacheOptions, CompiledFunction, Context, InputError, MNCoreAdamW, MNCoreSGD, MNDevice, TensorProxy,
     set_buffer_name_in_optimizer, set_tensor_name, set_tensor_name_in_module, storage,
 )
-from tests.helpers import train
+from tests.helpers import eager_seed_mlp_train, train
 
 pytestmark = pytest.mark.unit
 
@@ -121,18 +121,10 @@ def test_example_mlp_train_matches_eager(example_runs):
     assert rc == 0, stderr
     loss, bias = _parse_mlp_output(stdout)
     # The example's program, eagerly (nothing between the loader and the model draws random numbers).
-    torch.manual_seed(0)
-    loader = [{"x": torch.randn(64, 512), "y": torch.randint(0, 10, (64,))} for _ in range(20)]
-    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for batch in loader:
-        opt.zero_grad()
-        eager_loss = F.cross_entropy(model(batch["x"]), batch["y"])
-        eager_loss.backward()
-        opt.step()
-    assert loss == pytest.approx(eager_loss.item(), rel=1e-5)
+    eager_loss, eager_bias = eager_seed_mlp_train()
+    assert loss == pytest.approx(eager_loss, rel=1e-5)
     # printed with 4 decimals
-    _assert_close(bias, model[2].bias.detach(), "printed model[2].bias", rtol=0, atol=1e-4 + 1e-6)
+    _assert_close(bias, eager_bias, "printed model[2].bias", rtol=0, atol=1e-4 + 1e-6)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import filelock
 import pytest
+from conftest import SIM_ENV_VARS
 import torch
 import torch.nn.functional as F
 
@@ -37,21 +38,12 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = ROOT / "tests" / "sim_programs" / "cache_prog.py"
 RTOL, ATOL = 1e-5, 1e-6  # float32 vs eager float32: only summation order may differ
-_ENV_VARS = ("MNCORE_SIM_BOARDS", "MNCORE_LOCK_TIMEOUT", "MNCORE_SIM_DRAM_BYTES", "MNCORE_SIM_MODE",
-             "MNCORE_FLOAT_DTYPE", "MNCORE_CACHE_DIR", "MNCORE_CACHE_READONLY", "MNCORE_CODEGEN_DIR",
-             "MNCORE_SIM_COSTS", "MNCORE_EXECUTION", "MNCORE_IMPLICIT_SYNC", "MNCORE_DEBUG")
 COUNTERS = ("compiles", "disk_cache_hits", "disk_cache_misses", "disk_cache_corrupt")
 
 
 @pytest.fixture
-def env(monkeypatch, tmp_path):
-    for var in _ENV_VARS:
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("MNCORE_RUNTIME_DIR", str(tmp_path / "runtime"))
-    yield monkeypatch
-    if Context._current is not None:
-        Context.switch_context(Context(MNDevice("pfvm:cpu")))
-    mncore.init_cpu(implicit_sync="warn", execution="async")
+def env(sim_env):
+    return sim_env
 
 
 # ---------------------------------------------------------------------------------------------
@@ -75,7 +67,7 @@ def _eager_reference() -> tuple[list[float], list[torch.Tensor]]:
 
 
 def _start(tmp_path: Path, tag: str, **extra: str) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in _ENV_VARS and not k.startswith("PYTEST_")}
+    env = {k: v for k, v in os.environ.items() if k not in SIM_ENV_VARS and not k.startswith("PYTEST_")}
     env.update(HF_HUB_OFFLINE="1", MNCORE_RUNTIME_DIR=str(tmp_path / "runtime"),
                MNCORE_CACHE_DIR=str(tmp_path / "lazy_cache"), **extra)
     return subprocess.Popen([sys.executable, str(PROGRAM), str(tmp_path / f"codegen_{tag}"),

@@ -33,7 +33,6 @@ the seed's example programs run unchanged in subprocesses on ``mncore2:auto``.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import gc
 import json
@@ -47,6 +46,8 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from conftest import SIM_ENV_VARS, back_to_cpu
+from tests.helpers import eager_seed_mlp_train
 import torch
 import torch.nn.functional as F
 
@@ -71,38 +72,14 @@ SMALLEST_NORMAL = 2.0 ** (1 - BIAS)
 LARGEST_NORMAL = (2.0 - 2.0 ** -MAN_BITS) * 2.0 ** BIAS
 DEVICES = ["emu2", "mncore2:auto"]
 
-_ENV_VARS = ("MNCORE_SIM_BOARDS", "MNCORE_LOCK_TIMEOUT", "MNCORE_SIM_DRAM_BYTES", "MNCORE_SIM_MODE",
-             "MNCORE_FLOAT_DTYPE", "MNCORE_CACHE_DIR", "MNCORE_CACHE_READONLY", "MNCORE_CODEGEN_DIR",
-             "MNCORE_SIM_COSTS", "MNCORE_EXECUTION", "MNCORE_IMPLICIT_SYNC", "MNCORE_DEBUG")
-
-
-def _back_to_cpu() -> None:
-    """Drain the worker (a failed job's error must not leak into the next test) and re-init pfvm:cpu."""
-    for _ in range(3):  # init syncs what is pending: a failing graph raises once, then the switch goes through
-        try:
-            mncore.init_cpu(implicit_sync="warn", execution="async")
-            break
-        except Exception:  # noqa: BLE001 - the test that left it has already reported it
-            pass
-    else:
-        mncore.init_cpu(implicit_sync="warn", execution="async")
-
 
 @pytest.fixture
-def sim(monkeypatch, tmp_path):
-    """Isolated simulator environment (own board lock directory); pfvm:cpu again afterwards."""
-    for var in _ENV_VARS:
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("MNCORE_RUNTIME_DIR", str(tmp_path / "runtime"))
-    yield monkeypatch
-    if Context._current is not None and Context._current.device.name != "pfvm:cpu":
-        with contextlib.suppress(Exception):
-            Context.switch_context(Context(MNDevice("pfvm:cpu")))
-    _back_to_cpu()
+def sim(sim_env):
+    return sim_env
 
 
 def _subprocess_env(tmp_path: Path, **extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in _ENV_VARS and not k.startswith("PYTEST_")}
+    env = {k: v for k, v in os.environ.items() if k not in SIM_ENV_VARS and not k.startswith("PYTEST_")}
     env.update(HF_HUB_OFFLINE="1", MNCORE_RUNTIME_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
     env.update(extra)
     return env
@@ -475,7 +452,7 @@ def board0_taken(sim):
     sim.setenv("MNCORE_LOCK_TIMEOUT", "0.2")
     other = boards.acquire("0")
     yield other
-    _back_to_cpu()
+    back_to_cpu()
     other.release()
 
 
@@ -597,7 +574,7 @@ def test_data_dependent_shape_raises_static_shape_error(sim, op):
     if op == "nonzero":
         assert "nonzero" in str(e.value)
     # pfvm runs it (eager fallback) and matches eager
-    _back_to_cpu()
+    back_to_cpu()
     lx = x.mncore()
     out = torch.nonzero(lx) if op == "nonzero" else lx[lx > 0]
     torch.testing.assert_close(out.cpu(), ref)
@@ -708,18 +685,10 @@ def test_example_mlp_train_runs_on_mncore2_and_matches_eager(tmp_path):
     loss = float(re.search(r"^last loss (\S+)$", stdout, re.M).group(1))
     body = stdout.split("Parameter containing:", 1)[1]
     bias = torch.tensor([float(v) for v in re.findall(r"-?\d+\.\d+(?:e[-+]\d+)?", body)])
-    torch.manual_seed(0)
-    loader = [{"x": torch.randn(64, 512), "y": torch.randint(0, 10, (64,))} for _ in range(20)]
-    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for batch in loader:
-        opt.zero_grad()
-        eager_loss = F.cross_entropy(model(batch["x"]), batch["y"])
-        eager_loss.backward()
-        opt.step()
-    assert loss == pytest.approx(eager_loss.item(), rel=1e-5)
+    eager_loss, eager_bias = eager_seed_mlp_train()
+    assert loss == pytest.approx(eager_loss, rel=1e-5)
     # the bias is printed with 4 decimals
-    torch.testing.assert_close(bias, model[2].bias.detach(), rtol=0, atol=1e-4 + 1e-6)
+    torch.testing.assert_close(bias, eager_bias, rtol=0, atol=1e-4 + 1e-6)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
