@@ -15,8 +15,8 @@ import torch
 
 import mncore
 from harness import expected
-from harness.compare import compare
-from harness.opgen import clone, describe, index_outputs_unstable, is_random, make_inputs, resolve_op, to_device
+from harness.fuzz.oracles import judge
+from harness.opgen import clone, describe, make_inputs, resolve_op, to_device
 from harness.registry_cmd import DEFAULT_PATH
 from shape_registry import Registry
 
@@ -57,6 +57,8 @@ def _cpu(x):
         return x.cpu()
     if isinstance(x, (list, tuple)):
         return type(x)(_cpu(a) for a in x)
+    if isinstance(x, dict):
+        return {k: _cpu(v) for k, v in x.items()}
     return x
 
 
@@ -73,22 +75,8 @@ def test_registry_op(row):
     dev_args, dev_kwargs = to_device(clone(args), "mncore"), to_device(clone(kwargs), "mncore")
     got = op(*dev_args, **dev_kwargs)
     mncore.sync()
-    got = _cpu(got)
-    meta_only = is_random(op)
-    if index_outputs_unstable(row.op) and isinstance(want, tuple):
-        want, got = want[0], got[0]  # values must agree; tie order of indices may differ
-    verdict = compare(got, want, meta_only=meta_only)
-    assert verdict, verdict.message
-    schema = op._schema.arguments
-    for i, a in enumerate(schema):  # written arguments must agree too (in-place and out= ops)
-        if a.alias_info is not None and a.alias_info.is_write:
-            if a.name in dev_kwargs:
-                v = compare(_cpu(dev_kwargs[a.name]), eager_kwargs[a.name], meta_only=meta_only, path=a.name)
-            elif i < len(dev_args):
-                v = compare(_cpu(dev_args[i]), eager_args[i], meta_only=meta_only, path=a.name)
-            else:
-                continue
-            assert v, v.message
+    verdict = judge(row.op, _cpu(got), want, _cpu(dev_args), _cpu(dev_kwargs), eager_args, eager_kwargs)
+    assert verdict, verdict.message  # outputs, and the arguments in-place/out= ops write
 
 
 def test_expected_failures_match_registry_rows():
