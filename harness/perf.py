@@ -18,6 +18,8 @@ Per-step numbers (``analyse``), each a median with ``_min``/``_max``/``_mean`` o
 - ``device_ms``   execution time of the step's graph(s) on the device lane (on a performance-mode
                   simulator the modelled time; ``device_span_ms`` is how long the worker was held);
 - ``idle_ms``     step interval minus device-busy time inside it; ``util`` = busy / interval;
+- ``pipeline_ratio`` mean step interval / max(mean trace, mean device) over the same steps (the
+                  overlap check: 1.0 is a perfect pipeline);
 - ``dispatch_ms`` / ``sync_ms`` / ``wait_ms`` / ``compile_ms`` the metrics counters ``trace_s``
                   (time inside ``__torch_dispatch__``), ``sync_s`` (graph cuts), ``wait_s`` (host
                   waiting on the worker), ``compile_s`` in the window, divided by the steps.
@@ -90,9 +92,6 @@ def init_backend(backend: Backend, execution: str = "async") -> None:
     kwargs: dict[str, Any] = {"implicit_sync": "silent", "execution": execution}
     if backend.sim_mode is not None:
         kwargs["sim_mode"] = backend.sim_mode
-        # Context.switch_context re-initialises the device without a sim_mode (from ``mncore2:auto``
-        # to the board it got), so the mode must also come from the environment it falls back to.
-        os.environ["MNCORE_SIM_MODE"] = backend.sim_mode
     mncore.init(backend.device, **kwargs)
 
 
@@ -181,9 +180,17 @@ def analyse(events: list[tuple], bounds: list[float]) -> dict[str, Any]:
         idle.append(steps[-1] - busy[-1])
         util.append(busy[-1] / steps[-1] if steps[-1] > 0 else 0.0)
     kinds = {str(a.get("time")) for _, _, a in device_ev if isinstance(a, dict) and a.get("time")}
+    if steps:  # the pipeline over the same steps: total step time vs the larger of total trace and device
+        m = len(steps)
+        tr, dv = sum(traces[n - m:]) / m, sum(per_step_device[n - m:]) / m
+        pipeline = {"pipeline_step_ms": sum(steps) / m * 1e3, "pipeline_trace_ms": tr * 1e3,
+                    "pipeline_device_ms": dv * 1e3, "pipeline_ratio": (sum(steps) / m) / max(tr, dv, 1e-12)}
+    else:
+        pipeline = {}
     out: dict[str, Any] = {"steps": n, "intervals": len(steps), "step_basis": basis, "window_s": hi - lo,
                            "device_busy_s": _overlap(device, lo, max(hi, ends[-1] if ends else hi)),
                            "graphs_in_window": len(device_ev), "device_time_kinds": sorted(kinds)}
+    out.update(pipeline)
     out.update(spread(steps, "step_ms", 1e3))
     out.update(spread(traces, "trace_ms", 1e3))
     out.update(spread(per_step_device, "device_ms", 1e3))
@@ -260,6 +267,37 @@ def _fresh(template: Any, spec: Any, config: str, seed: int) -> Any:
     return disable_dropout(spec.build(config, seed=seed))
 
 
+def _run_timed(step: Any, steps: int, warmup: int) -> tuple[dict, Any]:
+    """``warmup`` untimed calls of ``step(i)``, then ``steps`` timed ones; returns the timeline analysis
+    of the timed steps (with counters and warm-up figures) and the last step's result."""
+    import mncore
+    from mncore.runtime import timeline
+
+    w0 = mncore.metrics.counters()
+    t = time.perf_counter()
+    last = None
+    for i in range(warmup):
+        last = step(i)
+    mncore.wait_device_ops()
+    warm_s = time.perf_counter() - t
+    w1 = mncore.metrics.counters()
+    timeline.clear()
+    c0 = mncore.metrics.counters()
+    bounds = [timeline.now()]
+    for i in range(steps):
+        last = step(warmup + i)
+        if i == steps - 1:
+            mncore.wait_device_ops()
+        bounds.append(timeline.now())
+    c1 = mncore.metrics.counters()
+    events = timeline.events()
+    res = analyse(events, bounds)
+    res.update(_counters_delta(c0, c1, steps))
+    res.update(sim_mode_effective=_effective_sim_mode(), warmup=warmup, warmup_s=warm_s,
+               warmup_compile_s=w1["compile_s"] - w0["compile_s"], timeline=_timeline_dump(events, bounds))
+    return res, last
+
+
 def measure_lazy(spec: Any, config: str, backend: Backend, *, execution: str = "async", steps: int = 5,
                  warmup: int = 2, seed: int = 0, template: Any = None, trace_path: Path | None = None) -> dict:
     """Lazy mode: the runner's step (``model_zoo.train_step`` + ``mncore.sync()``), timed after warm-up."""
@@ -271,35 +309,17 @@ def measure_lazy(spec: Any, config: str, backend: Backend, *, execution: str = "
     model = _fresh(template, spec, config, seed).to("mncore")
     opt = spec.optimizer(model.parameters())
     batches = _batches(spec, config, steps + warmup, seed)
-    w0 = mncore.metrics.counters()
-    t = time.perf_counter()
-    for i in range(warmup):
+
+    def step(i: int) -> Any:
         loss = model_zoo.train_step(spec, model, opt, model_zoo.batch_to(batches[i % len(batches)], "mncore"))
         mncore.sync()
-    mncore.wait_device_ops()
-    warm_s = time.perf_counter() - t
-    w1 = mncore.metrics.counters()
-    timeline.clear()
-    c0 = mncore.metrics.counters()
-    bounds = [timeline.now()]
-    for i in range(steps):
-        loss = model_zoo.train_step(spec, model, opt,
-                                    model_zoo.batch_to(batches[(warmup + i) % len(batches)], "mncore"))
-        mncore.sync()
-        if i == steps - 1:
-            mncore.wait_device_ops()
-        bounds.append(timeline.now())
-    c1 = mncore.metrics.counters()
-    events = timeline.events()
-    res = analyse(events, bounds)
-    res.update(_counters_delta(c0, c1, steps))
-    res["sim_mode_effective"] = _effective_sim_mode()
-    res.update(api="lazy", execution=execution, warmup=warmup, warmup_s=warm_s,
-               warmup_compile_s=w1["compile_s"] - w0["compile_s"], loss=_value(lambda: loss.detach().cpu()),
-               time_kind=time_kind(backend, res["device_time_kinds"]), timeline=_timeline_dump(events, bounds))
+        return loss
+
+    res, loss = _run_timed(step, steps, warmup)
+    res.update(api="lazy", execution=execution, loss=_value(lambda: loss.detach().cpu()),
+               time_kind=time_kind(backend, res["device_time_kinds"]))
     if trace_path is not None:
         timeline.export_chrome_trace(trace_path)
-    del model, opt, loss
     gc.collect()
     return res
 
@@ -307,59 +327,27 @@ def measure_lazy(spec: Any, config: str, backend: Backend, *, execution: str = "
 def measure_context(spec: Any, config: str, backend: Backend, *, execution: str = "async", steps: int = 5,
                     warmup: int = 2, seed: int = 0, template: Any = None) -> dict:
     """Context API: the runner's compiled step (registered params/buffers/optimizer state), timed."""
-    import mncore
-    import model_zoo
-    from mncore.context import Context, prepare_for_compile, set_buffer_name_in_optimizer, set_tensor_name_in_module
-    from mncore.runtime import timeline
+    from mncore.context import Context
+
+    from harness.runner import context_step
 
     init_backend(backend, execution)
-    ctx = Context(_mndevice(backend))
-    Context.switch_context(ctx)
     model = _fresh(template, spec, config, seed)
-    opt = prepare_for_compile(spec.optimizer(model.parameters()))
-    set_tensor_name_in_module(model, "model")
-    set_buffer_name_in_optimizer(opt, "opt")
-    for p in model.parameters():
-        ctx.register_param(p)
-    for _, b in model.named_buffers(remove_duplicate=True):
-        ctx.register_buffer(b)
-    ctx.register_optimizer_buffers(opt)
-
-    def step_fn(batch: dict) -> dict:
-        return {"loss": model_zoo.train_step(spec, model, opt, batch)}
+    ctx, step_fn = context_step(spec, model, _mndevice(backend))
 
     batches = _batches(spec, config, steps + warmup, seed)
-    w0 = mncore.metrics.counters()
     t = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # frozen-constant notices (e.g. HF position buffers)
         compiled = ctx.compile(step_fn, batches[0], Path(tmp) / "step")
     compile_s = time.perf_counter() - t
-    for i in range(warmup):
-        out = compiled(batches[i % len(batches)])
-    mncore.wait_device_ops()
-    w1 = mncore.metrics.counters()
-    timeline.clear()
-    c0 = mncore.metrics.counters()
-    bounds = [timeline.now()]
-    for i in range(steps):
-        out = compiled(batches[(warmup + i) % len(batches)])
-        if i == steps - 1:
-            mncore.wait_device_ops()
-        bounds.append(timeline.now())
-    c1 = mncore.metrics.counters()
-    events = timeline.events()
-    res = analyse(events, bounds)
-    res.update(_counters_delta(c0, c1, steps))
-    res["sim_mode_effective"] = _effective_sim_mode()
-    res.update(api="context", execution=execution, warmup=warmup, context_compile_s=compile_s,
-               warmup_compile_s=w1["compile_s"] - w0["compile_s"], loss=_value(lambda: out["loss"].item()),
-               time_kind=time_kind(backend, res["device_time_kinds"]), timeline=_timeline_dump(events, bounds))
+    res, out = _run_timed(lambda i: compiled(batches[i % len(batches)]), steps, warmup)
+    res.update(api="context", execution=execution, context_compile_s=compile_s, loss=_value(lambda: out["loss"].item()),
+               time_kind=time_kind(backend, res["device_time_kinds"]))
     try:  # write back and release this context's device values
         Context.switch_context(Context(_mndevice(backend)))
     except Exception:  # noqa: BLE001 - e.g. a performance-mode simulator keeps no values to write back
         ctx._values.clear()
-    del model, opt, out, compiled, ctx
     gc.collect()
     return res
 
@@ -368,7 +356,8 @@ def measure_context(spec: Any, config: str, backend: Backend, *, execution: str 
 SCALARS = ("intervals", "step_ms", "step_ms_min", "step_ms_max", "step_ms_mean", "trace_ms", "trace_ms_min", "trace_ms_max",
            "device_ms", "device_ms_min", "device_ms_max", "idle_ms", "idle_ms_min", "idle_ms_max", "util",
            "util_min", "util_max", "dispatch_ms", "sync_ms", "wait_ms", "compile_ms", "execute_ms",
-           "modelled_device_ms", "device_span_ms", "compiles", "graphs_per_step", "traced_ops_per_step", "implicit_syncs_per_step",
+           "modelled_device_ms", "device_span_ms", "pipeline_step_ms", "pipeline_trace_ms", "pipeline_device_ms",
+           "pipeline_ratio", "compiles", "graphs_per_step", "traced_ops_per_step", "implicit_syncs_per_step",
            "warmup_compile_s", "context_compile_s", "loss", "sim_mode_effective")
 
 

@@ -7,7 +7,6 @@ The lazy pass also counts the implicit syncs a steady-state training step causes
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

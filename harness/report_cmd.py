@@ -19,7 +19,7 @@ PUBLISHED = ROOT / "reports" / "published"
 WIDTHS = "64,128,256,512,1024,2048,4096"
 # Small enough that `harness report all` stays well under 15 minutes on a 2-core CPU (GPT-2 small steps
 # take seconds there): MLP steps are milliseconds, so the sweep affords more of them for its spread.
-DEFAULT_STEPS = {"mlp-width": 20, "async": 4, "models": 4}
+DEFAULT_STEPS = {"mlp-width": 20, "async": 5, "models": 5}
 DEFAULT_BACKENDS = {"mlp-width": ["pfvm:cpu", "mncore2:auto"], "async": ["pfvm:cpu", "mncore2:auto", "pfvm:cuda"],
                     "models": ["pfvm:cpu", "mncore2:auto"]}
 MODELS = ("resnet18", "gpt2_small")

@@ -108,14 +108,14 @@ def run_lazy(spec: Any, config: str, backend: str, steps: int, seed: int) -> dic
     }
 
 
-def run_context(spec: Any, config: str, backend: str, steps: int, seed: int) -> dict:
+def context_step(spec: Any, model: torch.nn.Module, device: Any) -> tuple[Any, Any]:
+    """A new Context on ``device`` with ``model``'s parameters, buffers and optimizer state registered
+    (MLSDK style); returns the context and the ``dict -> dict`` training step to compile."""
     import model_zoo
-    from mncore.context import (Context, MNDevice, prepare_for_compile, set_buffer_name_in_optimizer,
-                                set_tensor_name_in_module)
+    from mncore.context import Context, prepare_for_compile, set_buffer_name_in_optimizer, set_tensor_name_in_module
 
-    ctx = Context(MNDevice(backend))
+    ctx = Context(device)
     Context.switch_context(ctx)
-    model = disable_dropout(spec.build(config, seed=seed))
     opt = prepare_for_compile(spec.optimizer(model.parameters()))
     set_tensor_name_in_module(model, "model")
     set_buffer_name_in_optimizer(opt, "opt")
@@ -128,6 +128,14 @@ def run_context(spec: Any, config: str, backend: str, steps: int, seed: int) -> 
     def step_fn(batch: dict) -> dict:
         return {"loss": model_zoo.train_step(spec, model, opt, batch)}
 
+    return ctx, step_fn
+
+
+def run_context(spec: Any, config: str, backend: str, steps: int, seed: int) -> dict:
+    from mncore.context import MNDevice
+
+    model = disable_dropout(spec.build(config, seed=seed))
+    ctx, step_fn = context_step(spec, model, MNDevice(backend))
     batches = [spec.make_batch(config, seed=seed + s) for s in range(steps)]
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:

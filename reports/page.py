@@ -40,6 +40,9 @@ COLUMNS = {
         "device ms/step: the step's graph execution time (device lane)",
         "device idle ms/step: step interval minus device-busy time inside it; device util: busy / interval "
         "(medians over the intervals)",
+        "step / max(trace, device): mean step interval over mean max(host trace, device) of the same steps; "
+        "1.0 means the host trace and the device overlap perfectly (the `async` target: ≤ 1.05 when device > "
+        "trace)",
         "seed (CUDA): the published GPT-2 small figures (CUDA backend) for reference",
     ],
     "models": [
@@ -149,7 +152,7 @@ def report_blocks(name: str, d: Path, heading: str = "h2") -> list[Block]:
         seed = pd.DataFrame([{"mode": reference.MODE_NAMES[m], "step ms": v["step_ms"], "GPU idle ms": v["idle_ms"],
                               "GPU util": f"{v['util']:.0%}", "trace ms": reference.ASYNC_TRACE_MS.get(m, "–")}
                              for m, v in reference.ASYNC.items()])
-        blocks += [(sub, f"Seed reference ({reference.SEED}, GPT-2 small on the CUDA backend)"), ("table", seed)]
+        blocks += [(sub, f"Seed reference: {reference.SEED}, GPT-2 small on the CUDA backend"), ("table", seed)]
         good = df[df["status"] == "ok"] if len(df) else df
         for backend in sorted(set(good["backend"])) if len(good) else []:
             slug = re.sub(r"[^A-Za-z0-9]+", "_", backend).strip("_")

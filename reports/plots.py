@@ -19,7 +19,7 @@ LANES = [("host", "trace", "host: trace", "#4c72b0"), ("host", "sync", "host: gr
 
 def mlp_ratio(df: pd.DataFrame, path: Path) -> Path:
     """lazy/Context step-time ratio against width (log-scale x), one line per backend, seed points."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    fig, ax = plt.subplots(figsize=(7.5, 5.6))
     good = ok(df)
     for backend, sub in (good.groupby("backend") if len(good) else []):
         sub = sub.sort_values("width")
@@ -41,10 +41,10 @@ def mlp_ratio(df: pd.DataFrame, path: Path) -> Path:
     ax.set_ylabel("lazy / Context API step time")
     ax.set_ylim(bottom=0)
     ax.set_title("Lazy mode vs Context API: MLP width sweep")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -74,6 +74,9 @@ def async_timelines(d: Path, df: pd.DataFrame, backend: str, path: Path) -> Path
         b = tl["bounds_ms"]
         k = max(0, (len(b) - 1) // 2 - 1) if len(b) > 3 else 0
         lo, hi = b[k], b[min(k + 2, len(b) - 1)]
+        graphs = sorted((s, e) for lane, _, s, e, _ in tl["events"] if lane == "device")
+        if len(graphs) == len(b) - 1 and k + 1 < len(graphs):  # one graph per step: show both steps' graphs too
+            lo, hi = min(lo, graphs[k][0]), max(hi, graphs[k + 1][1])
         for lane, name, s, e, _ in tl["events"]:
             i = _lane(lane, name)
             if i is None or e < lo or s > hi:
@@ -82,12 +85,13 @@ def async_timelines(d: Path, df: pd.DataFrame, backend: str, path: Path) -> Path
                            color=LANES[i][3])
         for x in b[k:k + 3]:
             ax.axvline(x - lo, color="black", lw=0.7, ls="--")
+        ax.margins(x=0)
         ax.set_yticks(range(len(LANES)), [lab for _, _, lab, _ in reversed(LANES)], fontsize=7)
         ax.set_xlim(0, hi - lo)
         ax.set_title(f"{mode}: step {r['step_ms']:.1f} ms, trace {r['trace_ms']:.1f} ms, device {r['device_ms']:.1f} ms,"
                      f" idle {r['idle_ms']:.1f} ms ({r['time_kind']})", fontsize=8)
         ax.tick_params(axis="x", labelsize=7)
-    axes[-1, 0].set_xlabel("ms from the start of the first of two consecutive steps (dashed: step ends)")
+    axes[-1, 0].set_xlabel("ms (dashed: the host's step ends; bars: two consecutive steps' host trace and device graphs)")
     fig.suptitle(f"{backend}: two consecutive steps of {sub.iloc[0]['model']} per execution mode", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -96,14 +96,21 @@ def async_table(df: pd.DataFrame) -> pd.DataFrame:
             "backend": r["backend"], "mode": reference.MODE_NAMES.get(r["execution"], r["execution"]),
             "step ms": with_spread(r, "step_ms"), "trace ms/step": with_spread(r, "trace_ms"),
             "device ms/step": with_spread(r, "device_ms"), "device idle ms/step": with_spread(r, "idle_ms"),
-            "device util": pct(r.get("util")), "bound": r.get("bound", "–"), "time": r.get("time_kind", ""),
+            "device util": pct(r.get("util")), "bound": r.get("bound", "–"),
+            "step / max(trace, device)": num(_ratio(r)), "time": r.get("time_kind", ""),
             "steps": int(r["steps"]),
             "seed (CUDA) step / idle / util": f"{ref['step_ms']} ms / {ref['idle_ms']} ms / {ref['util']:.0%}"
             if ref else "–",
         })
     return pd.DataFrame(rows, columns=["backend", "mode", "step ms", "trace ms/step", "device ms/step",
-                                       "device idle ms/step", "device util", "bound", "time", "steps",
+                                       "device idle ms/step", "device util", "bound", "step / max(trace, device)",
+                                       "time", "steps",
                                        "seed (CUDA) step / idle / util"])
+
+
+def _ratio(r: pd.Series) -> float:
+    trace, device, step = _pipeline(r)
+    return step / max(trace, device) if max(trace, device) > 0 else float("nan")
 
 
 def models_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -159,6 +166,13 @@ class Target:
         return "met" if self.met else "NOT met"
 
 
+def _pipeline(r: pd.Series) -> tuple[float, float, float]:
+    """(trace, device, step) means over the same steps; medians for results without them."""
+    if "pipeline_step_ms" in r and not pd.isna(r.get("pipeline_step_ms")):
+        return float(r["pipeline_trace_ms"]), float(r["pipeline_device_ms"]), float(r["pipeline_step_ms"])
+    return float(r["trace_ms"]), float(r["device_ms"]), float(r["step_ms"])
+
+
 def targets(name: str, df: pd.DataFrame) -> list[Target]:
     """The stated targets, judged on ratios measured in the same run."""
     good = ok(df)
@@ -183,10 +197,10 @@ def targets(name: str, df: pd.DataFrame) -> list[Target]:
             if not len(hit):
                 continue
             r = hit.iloc[0]
-            trace, device, step = float(r["trace_ms"]), float(r["device_ms"]), float(r["step_ms"])
+            trace, device, step = _pipeline(r)
             bound = max(trace, device)
             what = "async step / max(trace, device)"
-            value = f"{num(step / bound)} ({num(step)} ms vs {num(bound)} ms)"
+            value = f"{num(step / bound)} ({num(step)} ms vs {num(bound)} ms, means over the same steps)"
             if device > trace:
                 out.append(Target(name, b, what, f"≤ {1 + ASYNC_SLACK:.2f}", value, step <= (1 + ASYNC_SLACK) * bound))
             else:

@@ -147,6 +147,8 @@ def test_analyse_step_trace_device_idle():
     assert res["per_step"]["trace_ms"] == [1000.0, 1000.0]  # per host step, clipped to the window
     assert res["per_step"]["device_ms"] == [1000.0, 500.0]
     assert res["per_step"]["idle_ms"] == [1000.0] and res["util"] == pytest.approx(1 / 3)
+    # the same steps: interval 1.5 s, host trace 1.0 s, device 0.5 s
+    assert res["pipeline_ratio"] == pytest.approx(1.5) and res["pipeline_device_ms"] == pytest.approx(500.0)
     assert perf.analyse(events[:3], [0.0, 2.0, 4.0])["step_basis"] == "host step ends"  # 1 graph for 2 steps
     assert perf.time_kind(perf.Backend("mncore2:auto", "performance"), res["device_time_kinds"]) == perf.MODELLED
     assert perf.Backend.parse("mncore2:auto").sim_mode == "performance"

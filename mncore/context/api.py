@@ -10,7 +10,6 @@ placeholders and submits one job: no op is traced.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import pathlib
 import traceback
@@ -255,8 +254,11 @@ class Context:
     def _activate(self) -> None:
         import mncore
 
-        if settings.device != self.device.spec.name:
-            mncore.init(self.device.spec.name, implicit_sync=settings.implicit_sync, execution=settings.execution)
+        want, have = self.device.spec.name, settings.device
+        if have == want or (want == "mncore2:auto" and have is not None and have.startswith("mncore2:")):
+            return  # already there ('auto' is satisfied by the board this process holds)
+        mncore.init(want, implicit_sync=settings.implicit_sync, execution=settings.execution,
+                    sim_mode=settings.sim_mode, float_dtype=settings.float_dtype)
 
     # -- registry ---------------------------------------------------------------------------
     def _register(self, t: torch.Tensor, what: str) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import sys
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 from mncore.compiler import codegen, disk_cache, fx_build, lowering, pipeline

@@ -33,6 +33,7 @@ class Job:
     leaves: list
     scalars: list
     outs: list
+    submitted: float = 0.0
     prepared: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -58,7 +59,6 @@ class Executor:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._last: Job | None = None
-        self._model_clock = 0.0  # end of the last modelled device span (functional simulation)
 
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -66,6 +66,7 @@ class Executor:
             self._thread.start()
 
     def submit(self, job: Job) -> None:
+        job.submitted = timeline.now()
         self._ensure_thread()
         self._last = job
         self._q.put(job)
@@ -127,7 +128,7 @@ class Executor:
         if err is None:
             try:
                 if settings.simulated:
-                    outs, modelled = sim.execute(exe, job.leaves, args)
+                    outs, modelled, m_start, m_end = sim.execute(exe, job.leaves, args, job.submitted)
                 else:
                     outs = exe.fn(*args)
                     if settings.exec_device.type == "cuda":
@@ -148,13 +149,10 @@ class Executor:
             leaf.ready.set()
         if modelled is None:
             timeline.record("device", exe.name, t1, t2, nodes=exe.n_nodes, time="measured")
-        elif settings.sim_mode == "performance":
-            timeline.record("device", exe.name, t1, t2, nodes=exe.n_nodes, time="modelled", modelled_s=modelled)
         else:
-            timeline.record("emulator", exe.name, t1, t2, nodes=exe.n_nodes, time="measured (host emulation)")
-            start = max(t1, self._model_clock)
-            self._model_clock = start + modelled
-            timeline.record("device", exe.name, start, self._model_clock, nodes=exe.n_nodes, time="modelled",
+            if settings.sim_mode == "functional":
+                timeline.record("emulator", exe.name, t1, t2, nodes=exe.n_nodes, time="measured (host emulation)")
+            timeline.record("device", exe.name, m_start, m_end, nodes=exe.n_nodes, time="modelled",
                             modelled_s=modelled)
         if modelled is not None:
             metrics.add("modelled_device_s", modelled)
