@@ -15,7 +15,7 @@ import torch
 
 import mncore
 from harness import expected
-from harness.fuzz.oracles import judge
+from harness.fuzz.oracles import judge, to_cpu
 from harness.opgen import clone, describe, make_inputs, resolve_op, to_device
 from harness.registry_cmd import DEFAULT_PATH
 from shape_registry import Registry
@@ -52,16 +52,6 @@ def _params():
         yield pytest.param(r, id=describe(r), marks=marks)
 
 
-def _cpu(x):
-    if isinstance(x, torch.Tensor):
-        return x.cpu()
-    if isinstance(x, (list, tuple)):
-        return type(x)(_cpu(a) for a in x)
-    if isinstance(x, dict):
-        return {k: _cpu(v) for k, v in x.items()}
-    return x
-
-
 @pytest.mark.parametrize("row", list(_params()))
 def test_registry_op(row):
     op = resolve_op(row.op)
@@ -75,7 +65,7 @@ def test_registry_op(row):
     dev_args, dev_kwargs = to_device(clone(args), "mncore"), to_device(clone(kwargs), "mncore")
     got = op(*dev_args, **dev_kwargs)
     mncore.sync()
-    verdict = judge(row.op, _cpu(got), want, _cpu(dev_args), _cpu(dev_kwargs), eager_args, eager_kwargs)
+    verdict = judge(row.op, to_cpu(got), want, to_cpu(dev_args), to_cpu(dev_kwargs), eager_args, eager_kwargs)
     assert verdict, verdict.message  # outputs, and the arguments in-place/out= ops write
 
 
