@@ -385,10 +385,25 @@ def _check_mode(row: dict, backend: Backend, results: Any) -> None:
         row["warning"] = f"asked for sim_mode={backend.sim_mode}, the runtime ran in {sorted(map(str, got))}"
 
 
+APIS = ("context", "lazy")
+
+
+def finish_compare(row: dict, backend: Backend) -> dict:
+    """The lazy/Context ratio and the lazy step's bound, from the prefixed fields of both APIs."""
+    row["time_kind"] = row.get("lazy_time_kind") or row.get("context_time_kind") or time_kind(backend, [])
+    if "lazy_trace_ms" in row:
+        row.update(trace_ms=row["lazy_trace_ms"], device_ms=row["lazy_device_ms"],
+                   bound="trace-bound" if row["lazy_trace_ms"] > row["lazy_device_ms"] else "device-bound")
+    if row.get("context_step_ms", 0) > 0 and "lazy_step_ms" in row:
+        row["ratio"] = row["lazy_step_ms"] / row["context_step_ms"]
+    return row
+
+
 def run_cell(cell: dict, artifacts: Path | None = None) -> list[dict]:
     """Measure one cell in this process. ``cell``: report, model, config, backend, sim_mode, steps, warmup,
-    and ``kind``: 'compare' (Context then lazy in ``execution``, one row with the ratio) or 'modes'
-    (lazy in each of ``executions``, one row each, with timeline and Chrome trace files)."""
+    and ``kind``: 'compare' (the ``apis`` asked for, default Context then lazy, in ``execution``: one row,
+    with the ratio when both ran) or 'modes' (lazy in each of ``executions``, one row each, with
+    timeline and Chrome trace files)."""
     import model_zoo
 
     backend = Backend(cell["backend"], cell.get("sim_mode"))
@@ -409,23 +424,17 @@ def run_cell(cell: dict, artifacts: Path | None = None) -> list[dict]:
         row = _base_row(cell, backend)
         row["execution"] = cell.get("execution", "async")
         results = {}
-        for api, fn in (("context", measure_context), ("lazy", measure_lazy)):
+        for api in cell.get("apis", APIS):
+            fn = measure_context if api == "context" else measure_lazy
             try:
                 results[api] = fn(spec, cell["config"], backend, execution=row["execution"], steps=steps,
                                   warmup=warmup, template=template)
-                row.update(_flat(results[api], f"{api}_"))
+                row.update(_flat(results[api], f"{api}_"), **{f"{api}_time_kind": results[api]["time_kind"]})
             except Exception as e:  # noqa: BLE001 - the row records it
                 row.update(status="error", reason=f"{api}: {type(e).__name__}: {str(e)[:400]}",
                            traceback=traceback.format_exc()[-2000:])
-        lazy, ctx = results.get("lazy"), results.get("context")
         _check_mode(row, backend, results.values())
-        row["time_kind"] = (lazy or ctx or {}).get("time_kind", time_kind(backend, []))
-        if lazy:
-            row.update(trace_ms=lazy["trace_ms"], device_ms=lazy["device_ms"],
-                       bound="trace-bound" if lazy["trace_ms"] > lazy["device_ms"] else "device-bound")
-        if lazy and ctx and ctx["step_ms"] > 0:
-            row["ratio"] = lazy["step_ms"] / ctx["step_ms"]
-        rows.append(row)
+        rows.append(finish_compare(row, backend))
     else:
         for execution in cell.get("executions", EXECUTIONS):
             row = {**_base_row(cell, backend), "api": "lazy", "execution": execution}
@@ -452,6 +461,45 @@ def run_cell(cell: dict, artifacts: Path | None = None) -> list[dict]:
     return rows
 
 
+def _run_child(cell: dict, part: Path, out: Path, env: dict, timeout: int, backend: Backend) -> list[dict]:
+    """One cell in a child process (``python -m harness.perf``); a crash or timeout is a row too."""
+    log_path = part.with_suffix(".log")
+    cmd = [PYTHON, "-m", "harness.perf", "--cell", json.dumps(cell), "--artifacts", str(out), "--out", str(part)]
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            rc = None
+    base = {"report": cell["report"], "model": cell["model"], "config": cell["config"], "backend": backend.label,
+            "device": backend.device, "sim_mode": backend.sim_mode, "steps": cell["steps"],
+            "warmup": cell["warmup"], "time_kind": time_kind(backend, [])}
+    if rc is None:
+        return [{**base, "status": "timeout", "reason": f"no result after {timeout}s"}]
+    if part.exists():
+        return json.loads(part.read_text())
+    tail = log_path.read_text()[-600:].strip()
+    status = "oom" if rc in (-9, 137) or "out of memory" in tail.lower() else "error"
+    return [{**base, "status": status, "reason": f"child exited {rc}: {tail[-400:]}"}]
+
+
+def _merge_compare(halves: list[list[dict]], backend: Backend) -> dict:
+    """The Context and lazy halves of a compare cell as one row (the first failure decides its status)."""
+    row: dict = {}
+    for (half,) in halves:
+        bad = half.get("status") not in (None, "ok")
+        keep = {k: v for k, v in half.items() if k not in ("status", "reason") or bad}
+        if bad and row.get("status") not in (None, "ok"):
+            keep.pop("status", None)
+            keep["reason"] = f"{row['reason']}; {half.get('reason', '')}"
+        row.update(keep)
+    row.setdefault("status", "ok")
+    row.setdefault("reason", "")
+    return finish_compare(row, backend)
+
+
 def run_cells(cells: list[dict], out: Path, timeout: int = 1200, desc: str = "report") -> list[dict]:
     """Run each cell in a child process (``python -m harness.perf``); every cell yields rows, even on a crash."""
     from harness.progress import Progress
@@ -472,30 +520,16 @@ def run_cells(cells: list[dict], out: Path, timeout: int = 1200, desc: str = "re
                          "reason": unavailable[backend.label], "time_kind": time_kind(backend, [])})
             bar.step(f"{cell['model']} on {backend.label}: unavailable")
             continue
-        part = parts / f"{i:02d}_{cell['model']}_{backend.slug}.json"
-        log_path = part.with_suffix(".log")
-        cmd = [PYTHON, "-m", "harness.perf", "--cell", json.dumps(cell), "--artifacts", str(out), "--out", str(part)]
         t0 = time.monotonic()
-        with log_path.open("w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-            try:
-                rc = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                rc = None
-        elapsed = time.monotonic() - t0
-        base = {"report": cell["report"], "model": cell["model"], "config": cell["config"], "backend": backend.label,
-                "device": backend.device, "sim_mode": backend.sim_mode, "steps": cell["steps"],
-                "warmup": cell["warmup"], "time_kind": time_kind(backend, [])}
-        if rc is None:
-            got = [{**base, "status": "timeout", "reason": f"no result after {timeout}s"}]
-        elif part.exists():
-            got = json.loads(part.read_text())
+        if cell["kind"] == "compare":
+            # one process per API: the first big measurement in a fresh process pays page faults
+            # the second one would not, which biased the ratio
+            halves = [_run_child({**cell, "apis": [api]}, parts / f"{i:02d}_{cell['model']}_{backend.slug}_{api}.json",
+                                 out, env, timeout, backend) for api in APIS]
+            got = [_merge_compare(halves, backend)]
         else:
-            tail = log_path.read_text()[-600:].strip()
-            status = "oom" if rc in (-9, 137) or "out of memory" in tail.lower() else "error"
-            got = [{**base, "status": status, "reason": f"child exited {rc}: {tail[-400:]}"}]
+            got = _run_child(cell, parts / f"{i:02d}_{cell['model']}_{backend.slug}.json", out, env, timeout, backend)
+        elapsed = time.monotonic() - t0
         for r in got:
             r["cell_wall_s"] = round(elapsed, 1)
             if r.get("status") == "unavailable":
