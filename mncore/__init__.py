@@ -17,11 +17,12 @@ from mncore.runtime import buffers as _buffers
 from mncore.runtime.executor import DeviceExecutionError
 from mncore.runtime.state import EXECUTION_MODES, IMPLICIT_SYNC_MODES, SIM_MODES, debug_flags, settings
 
-from mncore import metrics, profile  # noqa: E402  (public submodules)
+from mncore import config, metrics, observe, profile  # noqa: E402  (public submodules)
 
 __all__ = [
     "init", "init_cpu", "init_cuda", "init_mncore", "sync", "wait_device_ops", "metrics", "profile",
-    "LazyTensor", "ImplicitSyncError", "ImplicitSyncWarning", "DeviceExecutionError", "settings",
+    "LazyTensor", "ImplicitSyncError", "ImplicitSyncWarning", "DeviceExecutionError", "settings", "config",
+    "observe", "parse_device",
 ]
 
 __version__ = "0.2.0"
@@ -64,6 +65,11 @@ def init(device: str = "mncore2:auto", *, implicit_sync: str | None = None, exec
     settings.execution = execution
     settings.debug = debug_flags()
     _tracer.record_frames = "recompile" in settings.debug
+
+
+def parse_device(spec: str) -> str:
+    """The canonical name of a device string; ``ValueError`` listing the valid ones when it is not."""
+    return _parse_device(spec).name
 
 
 def init_cpu(**kwargs) -> None:

@@ -25,6 +25,9 @@ class LRUCache:
         while len(self._d) > self.capacity:
             self._d.popitem(last=False)
 
+    def values(self) -> list:
+        return list(self._d.values())
+
     def __len__(self) -> int:
         return len(self._d)
 

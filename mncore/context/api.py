@@ -310,6 +310,14 @@ class Context:
                 host.copy_(buf.to(host.device))
                 metrics.add("bytes_to_host", buf.numel() * buf.element_size())
 
+    def release(self, write_back: bool = True) -> None:
+        """Give up this context's device values (after writing them back unless ``write_back=False``)."""
+        if write_back:
+            self.synchronize()
+        self._values.clear()
+        if Context._current is self:
+            Context._current = None
+
     # -- compile ----------------------------------------------------------------------------
     def compile(self, function: Callable, inputs: dict, codegen_dir: str | os.PathLike,
                 options: dict | None = None, cache_options: CacheOptions | None = None) -> CompiledFunction:
