@@ -19,7 +19,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import mncore  # noqa: E402
 import model_zoo  # noqa: E402
-from mncore.lazy.graph import cache  # noqa: E402
 from model_zoo.spec import batch_to, train_step  # noqa: E402
 
 WIDTHS = (64, 128, 256, 512, 1024, 2048, 4096)
@@ -35,12 +34,12 @@ def modelled_step(name: str, config: str) -> dict:
     mncore.sync()
     mncore.wait_device_ops()
     before = mncore.metrics.counters()["modelled_device_s"]
-    cache.clear()
-    train_step(spec, model, opt, batch)
-    mncore.sync()
-    mncore.wait_device_ops()
-    exes = list(cache._d.values())
-    st = [e.stats for e in exes]
+    seen: dict[str, dict] = {}
+    with mncore.observe.graph_observer(lambda g: seen.setdefault(g["name"], g["stats"])):
+        train_step(spec, model, opt, batch)
+        mncore.sync()
+        mncore.wait_device_ops()
+    st = list(seen.values())
     kernel_s = sum(s["modelled_s"] for s in st)
     compute_s = sum(s["compute_bound_s"] for s in st)
     return {

@@ -1,9 +1,243 @@
-"""``mncore.config``: the runtime settings chosen by ``mncore.init`` (read them with ``current()``)."""
+"""``mncore.config``: every knob of mncore, declared once, and the settings ``mncore.init`` chose.
+
+Each knob is one row of ``KNOBS``: its environment variable, default, allowed values, validator
+and the moment it is read. Nothing else in mncore reads the environment; code asks
+``config.get(name)``, which applies a scoped ``override`` first, then the environment, then the
+default, and names the variable and the allowed values when a value is bad.
+
+``python -m mncore.config`` prints the table as Markdown (the README's copy is checked against it).
+"""
 from __future__ import annotations
 
-from mncore.runtime.state import Settings, settings
+import contextlib
+import os
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+from mncore.errors import ConfigError
+
+IMPLICIT_SYNC_MODES = ("error", "warn", "silent")
+EXECUTION_MODES = ("sync", "async_naive", "async")
+SIM_MODES = ("functional", "performance")
+PRECISION_POLICIES = ("double", "float", "mixed", "half")
+DEBUG_FLAGS = ("recompile",)
+
+
+# Parsers take the raw text and raise ConfigError("must be ...; got ...") without the knob's name,
+# which get() and resolve() put in front.
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw not in choices:
+            raise ConfigError(f"must be one of {', '.join(choices)}; got {raw!r}")
+        return raw
+    return parse
+
+
+def _flag(raw: str) -> bool:
+    if raw in ("", "0", "false", "no"):
+        return False
+    if raw in ("1", "true", "yes"):
+        return True
+    raise ConfigError(f"must be 1 or 0; got {raw!r}")
+
+
+def _number(kind: type, minimum: float, what: str) -> Callable[[str], Any]:
+    def parse(raw: str) -> Any:
+        try:
+            value = float(raw)
+            if kind is int:
+                if value != int(value):
+                    raise ValueError(raw)
+                value = int(value)
+        except (ValueError, OverflowError):
+            raise ConfigError(f"must be {what}; got {raw!r}") from None
+        if value < minimum:
+            raise ConfigError(f"must be {what}; got {raw!r}")
+        return value
+    return parse
+
+
+def _debug(raw: str) -> frozenset:
+    flags = frozenset(f.strip() for f in raw.split(",") if f.strip())
+    unknown = flags - set(DEBUG_FLAGS)
+    if unknown:
+        raise ConfigError(f"must be a comma-separated list of {', '.join(DEBUG_FLAGS)}; "
+                          f"unknown: {', '.join(sorted(unknown))}")
+    return flags
+
+
+def _path(raw: str) -> str | None:
+    return raw or None
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One setting: ``field`` is its name for ``get``/``override``; ``env`` the variable users set."""
+
+    field: str
+    env: str
+    default: Any
+    parse: Callable[[str], Any]
+    read: str
+    doc: str
+    allowed: str = ""
+
+
+def _knob(field_: str, default: Any, parse: Callable[[str], Any], read: str, doc: str, allowed: str) -> Knob:
+    return Knob(field_, "MNCORE_" + field_.upper(), default, parse, read, doc, allowed)
+
+
+KNOBS: tuple[Knob, ...] = (
+    _knob("implicit_sync", "warn", _choice(IMPLICIT_SYNC_MODES), "init",
+          "what a host read of a pending value does", " | ".join(IMPLICIT_SYNC_MODES)),
+    _knob("execution", "async", _choice(EXECUTION_MODES), "init",
+          "how sync() hands graphs to the worker", " | ".join(EXECUTION_MODES)),
+    _knob("sim_mode", "functional", _choice(SIM_MODES), "init",
+          "emu2/mncore2: compute values, or only model time", " | ".join(SIM_MODES)),
+    _knob("float_dtype", "float", _choice(PRECISION_POLICIES), "init",
+          "lazy mode's precision policy", " | ".join(PRECISION_POLICIES)),
+    _knob("debug", frozenset(), _debug, "init", "debug output (recompile: explain every recompile)",
+          "comma-separated: " + ", ".join(DEBUG_FLAGS)),
+    _knob("cache_size", 1024, _number(int, 1, "a positive integer"), "each compile",
+          "executables kept in the in-memory LRU", "integer >= 1"),
+    _knob("cache_dir", None, _path, "each compile", "persistent compile cache directory (unset: none)", "a directory"),
+    _knob("cache_readonly", False, _flag, "each compile",
+          "read the disk cache, never write to it", "0 | 1"),
+    _knob("codegen_dir", None, _path, "each compile", "lazy mode: write one codegen directory per graph here",
+          "a directory"),
+    _knob("codegen_onnx", False, _flag, "each compile",
+          "also export model.onnx into codegen directories (onnx extra)", "0 | 1"),
+    _knob("sim_boards", 1, _number(int, 1, "a positive integer"), "init",
+          "number of simulated MN-Core 2 boards on this host", "integer >= 1"),
+    _knob("sim_dram_bytes", None, _number(int, 1, "a positive number of bytes"),
+          "each compile and submission", "simulated board DRAM (unset: hardware.json's 16 GiB)", "bytes > 0"),
+    _knob("sim_costs", None, _path, "each compile", "an edited copy of the cost model's costs.json", "a file"),
+    _knob("lock_timeout", 600.0, _number(float, 0.0, "a non-negative number of seconds"),
+          "init and each compile", "seconds to wait for a board lock or a cache entry's compile lock",
+          "seconds >= 0"),
+    _knob("runtime_dir", None, _path, "init", "board lock files (unset: <tmp>/mncore-<uid>)", "a directory"),
+    _knob("optest_sample", 0, _number(int, 0, "a non-negative integer"),
+          "test collection", "generated op tests: deterministic sample of N rows (0: all)", "integer >= 0"),
+)
+_BY_FIELD = {k.field: k for k in KNOBS}
+_BY_ENV = {k.env: k for k in KNOBS}
+_overrides: list[dict[str, Any]] = []
+_lock = threading.Lock()
+
+
+def knob(name: str) -> Knob:
+    """The knob called ``name`` (field name such as ``cache_dir`` or variable ``MNCORE_CACHE_DIR``)."""
+    k = _BY_FIELD.get(name) or _BY_ENV.get(name)
+    if k is None:
+        raise KeyError(f"mncore.config has no knob {name!r}; known: {', '.join(_BY_FIELD)}")
+    return k
+
+
+def get(name: str) -> Any:
+    """The value in force: the innermost ``override``, else the environment, else the default."""
+    k = knob(name)
+    for scope in reversed(_overrides):
+        if k.field in scope:
+            return scope[k.field]
+    raw = os.environ.get(k.env)
+    if raw is None:
+        return k.default
+    try:
+        return k.parse(raw.strip())
+    except ConfigError as e:
+        raise ConfigError(f"{k.env} {e}") from None
+
+
+def resolve(name: str, value: Any) -> Any:
+    """An argument that overrides knob ``name`` (``init(sim_mode=...)``), validated; None means ``get``."""
+    k = knob(name)
+    if value is None:
+        return get(name)
+    try:
+        return k.parse(value) if isinstance(value, str) else value
+    except ConfigError as e:
+        raise ConfigError(f"{k.field} {e} (the argument, or {k.env})") from None
+
+
+@contextlib.contextmanager
+def override(**values: Any) -> Iterator[None]:
+    """``with config.override(cache_dir=path):`` knob values for the block, whatever the environment says."""
+    for name in values:
+        knob(name)
+    with _lock:
+        _overrides.append(values)
+    try:
+        yield
+    finally:
+        with _lock:
+            _overrides.remove(values)
+
+
+def runtime_dir() -> str:
+    return get("runtime_dir") or os.path.join(tempfile.gettempdir(), f"mncore-{os.getuid()}")
+
+
+@dataclass
+class Settings:
+    """What ``mncore.init`` chose for this process (read it with ``current()``; ``init`` changes it)."""
+
+    device: str | None = None
+    kind: str = "pfvm"  # 'pfvm' | 'emu2' | 'mncore2' | a registered test device's kind
+    exec_device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    implicit_sync: str = "warn"
+    execution: str = "async"
+    float_dtype: str = "float"
+    sim_mode: str = "functional"
+    debug: frozenset = frozenset()
+    simulated: bool = False  # emu2/mncore2: kernel program numerics and modelled time
+    static_shapes: bool = False  # the device compiles graphs with static shapes only
+
+
+settings = Settings()
 
 
 def current() -> Settings:
     """The settings in force (device, kind, execution, sim_mode, float_dtype, ...); do not modify."""
     return settings
+
+
+@contextlib.contextmanager
+def scoped(**fields: Any) -> Iterator[None]:
+    """Change ``settings`` fields inside the block and restore them after (the Context API's compile)."""
+    saved = {k: getattr(settings, k) for k in fields}
+    for k, v in fields.items():
+        setattr(settings, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(settings, k, v)
+
+
+def require_init() -> None:
+    if settings.device is None:
+        from mncore.errors import NotInitializedError
+
+        raise NotInitializedError(
+            "mncore is not initialized: call mncore.init(device=...) (or init_cpu()/init_cuda()) "
+            "before putting tensors on the 'mncore' device")
+
+
+def markdown_table() -> str:
+    """The knob table as Markdown (the README holds a copy that a test compares with this)."""
+    rows = ["| variable | default | allowed | read | what |", "| --- | --- | --- | --- | --- |"]
+    for k in KNOBS:
+        default = "unset" if k.default is None else ("" if k.default == frozenset() else k.default)
+        default = {False: "0", True: "1"}.get(default, default) if isinstance(default, bool) else default
+        rows.append(f"| `{k.env}` | {f'`{default}`' if default != '' else 'empty'} | {k.allowed} | {k.read} | {k.doc} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown_table() + "\n")

@@ -1,4 +1,4 @@
 """``mncore.profile``: timeline export (host trace, compile and device lanes)."""
-from mncore.runtime.timeline import clear, events, export_chrome_trace, now
+from mncore.observe.timeline import clear, events, export_chrome_trace, now
 
 __all__ = ["clear", "events", "export_chrome_trace", "now"]

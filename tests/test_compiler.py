@@ -3,7 +3,7 @@
 The graphs are a 3-layer MLP training step (SGD) and a small transformer encoder block training step,
 traced in lazy mode and compiled for ``emu2``, whose emulator runs the kernel program kernel by kernel
 (so a kernel order that is not topological would fail there); each result is checked against eager
-PyTorch on CPU. Invariants are checked on the compiled executables (``mncore.lazy.graph.cache``);
+PyTorch on CPU. Invariants are checked on the compiled executables (``mncore.cache.memory``);
 FLOPs and modelled times are recomputed from the shapes and from ``hardware.json`` / ``costs.json``.
 """
 from __future__ import annotations
@@ -25,9 +25,9 @@ import torch.nn.functional as F
 import zstandard
 
 import mncore
-from mncore.compiler import codegen, dump
-from mncore.compiler.fusion import base_op
-from mncore.lazy import graph as lazy_graph
+from mncore.compile import codegen, dump
+from mncore.compile.fusion import base_op
+from mncore.cache import memory as compile_cache
 from mncore.sim.cost import cost_model
 
 pytestmark = pytest.mark.unit
@@ -56,7 +56,7 @@ def _step_graphs(build, device: str = "emu2", policy: str = "float") -> tuple[li
             mp.delenv(var, raising=False)
         mncore.init(device, float_dtype=policy)
         try:
-            lazy_graph.cache.clear()
+            compile_cache.clear()
             lazy_model = copy.deepcopy(model).mncore()
             opt = opt_fn(lazy_model.parameters())
             opt.zero_grad()
@@ -65,7 +65,7 @@ def _step_graphs(build, device: str = "emu2", policy: str = "float") -> tuple[li
             opt.step()
             mncore.sync()
             mncore.wait_device_ops()
-            exes = list(lazy_graph.cache._d.values())
+            exes = list(compile_cache.values())
             lazy = (loss.cpu(), [p.detach().cpu() for p in lazy_model.parameters()])
         finally:
             back_to_cpu()
@@ -224,12 +224,12 @@ def _once(x, dev: str = "mncore"):
 
 
 def _compile_fn(fn, x) -> tuple:
-    lazy_graph.cache.clear()
+    compile_cache.clear()
     mncore.metrics.reset()
     out = fn(x.mncore())
     mncore.sync()
     out = out.cpu()
-    (exe,) = lazy_graph.cache._d.values()
+    (exe,) = compile_cache.values()
     return exe, out, mncore.metrics.counters()["traced_ops"]
 
 
@@ -256,12 +256,12 @@ def test_cse_statistics_tell_expressions_from_constants(env):
 
 def test_cse_never_merges_random_ops(env):
     mncore.init("emu2")
-    lazy_graph.cache.clear()
+    compile_cache.clear()
     a = torch.rand(1000, device="mncore")
     b = torch.rand(1000, device="mncore")
     c = a - b
     mncore.sync()
-    (exe,) = lazy_graph.cache._d.values()
+    (exe,) = compile_cache.values()
     assert not torch.equal(a.cpu(), b.cpu())
     torch.testing.assert_close(c.cpu(), a.cpu() - b.cpu())
     random_nodes = [n for n in _calls(exe) if "uniform" in getattr(n.target, "__name__", str(n.target))]
@@ -433,7 +433,7 @@ def _lazy_codegen_run(env, tmp_path) -> tuple[Path, list]:
     root = tmp_path / "codegen"
     env.setenv("MNCORE_CODEGEN_DIR", str(root))
     mncore.init("emu2")
-    lazy_graph.cache.clear()
+    compile_cache.clear()
     model, _, (x, y), loss_fn = _mlp()
     m = copy.deepcopy(model).mncore()
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
@@ -443,7 +443,7 @@ def _lazy_codegen_run(env, tmp_path) -> tuple[Path, list]:
         opt.step()
         mncore.sync()
     mncore.wait_device_ops()
-    return root, list(lazy_graph.cache._d.values())
+    return root, list(compile_cache.values())
 
 
 def _dram(s: str) -> tuple[int, int]:
@@ -492,21 +492,21 @@ def test_codegen_files_over_the_threshold_are_zstd(env, tmp_path):
     exe = exes[0]
     d = tmp_path / "small"
     env.setattr(codegen, "ZSTD_THRESHOLD", 64)
-    codegen.write(d, exe, codegen.manifest(exe))
+    codegen.write(d, exe, codegen.manifest(exe, mncore.settings.device))
     names = {p.name for p in d.iterdir()}
     assert {"graph.py.zst", "program.txt.zst", "manifest.json"} <= names and "graph.py" not in names
     raw = zstandard.ZstdDecompressor().decompress((d / "graph.py.zst").read_bytes()).decode()
     assert raw == exe.gm.code == codegen.read_text(d, "graph.py")
     assert codegen.read_text(d, "program.txt") == codegen.program_text(exe)
     env.setattr(codegen, "ZSTD_THRESHOLD", 1 << 20)  # rewriting small: the stale .zst goes away
-    codegen.write(d, exe, codegen.manifest(exe))
+    codegen.write(d, exe, codegen.manifest(exe, mncore.settings.device))
     names = {p.name for p in d.iterdir()}
     assert "graph.py" in names and "graph.py.zst" not in names and "program.txt.zst" not in names
 
 
 def _dump_command() -> list[str]:
     script = Path(sys.executable).parent / "mncore-dump"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "mncore.compiler.dump"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "mncore.compile.dump"]
 
 
 def test_mncore_dump_prints_the_manifest(env, tmp_path, capsys):

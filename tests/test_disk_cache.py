@@ -28,10 +28,11 @@ import torch
 import torch.nn.functional as F
 
 import mncore
-from mncore.compiler import disk_cache, lowering
-from mncore.compiler.disk_cache import CacheCorruptWarning, CacheLockTimeout
+from mncore.cache import disk as disk_cache
+from mncore.compile import lowering
+from mncore.errors import CacheCorruptWarning, CacheLockTimeout
 from mncore.context import CacheOptions, Context, MNDevice, storage
-from mncore.lazy import graph as lazy_graph
+from mncore.cache import memory as compile_cache
 
 pytestmark = pytest.mark.unit
 
@@ -135,7 +136,7 @@ EXPECTED = (X @ W).relu().sum(0)
 
 def _run() -> tuple[torch.Tensor, dict]:
     """One lazy graph, compiled from scratch as far as this process's memory LRU goes."""
-    lazy_graph.cache.clear()
+    compile_cache.clear()
     before = mncore.metrics.counters()
     out = (X.mncore() @ W.mncore()).relu().sum(0)
     mncore.sync()
@@ -241,7 +242,7 @@ def test_read_only_cache_is_never_written(env, tmp_path):
 
 
 def _context_compile(tmp_path: Path, cache: Path, read_only: bool) -> tuple[torch.Tensor, dict]:
-    lazy_graph.cache.clear()
+    compile_cache.clear()
     context = Context(MNDevice("pfvm:cpu"))
     Context.switch_context(context)
     before = mncore.metrics.counters()
@@ -269,7 +270,7 @@ def test_context_cache_options_read_only(env, tmp_path):
     assert m == {"compiles": 0, "disk_cache_hits": 1, "disk_cache_misses": 0, "disk_cache_corrupt": 0}
     assert _snapshot(cache) == before
     # the lazy environment variable is not what the Context API uses
-    assert "MNCORE_CACHE_DIR" not in os.environ and disk_cache._override[0] is None
+    assert "MNCORE_CACHE_DIR" not in os.environ and mncore.config.get("cache_dir") is None
 
 
 def test_compile_lock_timeout_names_the_graph(env, tmp_path):
@@ -283,7 +284,7 @@ def test_compile_lock_timeout_names_the_graph(env, tmp_path):
     try:
         env.setenv("MNCORE_CACHE_DIR", str(cache))
         env.setenv("MNCORE_LOCK_TIMEOUT", "0.2")
-        lazy_graph.cache.clear()
+        compile_cache.clear()
         out = (X.mncore() @ W.mncore()).relu().sum(0)
         with pytest.raises(CacheLockTimeout, match=name.split("-")[0]) as e:
             mncore.sync()
@@ -297,12 +298,12 @@ def test_entries_are_separate_per_precision_policy(env, tmp_path):
     env.setenv("MNCORE_CACHE_DIR", str(tmp_path / "cache"))
     _run()
     mncore.init("pfvm:cpu", float_dtype="half")
-    lazy_graph.cache.clear()
+    compile_cache.clear()
     before = mncore.metrics.counters()
     out = (X.mncore() @ W.mncore()).relu().sum(0)
     mncore.sync()
     torch.testing.assert_close(out.cpu(), EXPECTED, rtol=RTOL, atol=ATOL)
-    (exe,) = lazy_graph.cache._d.values()
+    (exe,) = compile_cache.values()
     assert exe.policy == "half" and mncore.metrics.counters()["compiles"] == before["compiles"] + 1
     names = sorted(p.name for p in (tmp_path / "cache").glob("*.mnx"))
     assert len(names) == 2 and any("-float-" in n for n in names) and any("-half-" in n for n in names)

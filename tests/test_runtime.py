@@ -70,7 +70,7 @@ def test_scheduled_learning_rate_does_not_recompile():
 
 def test_changed_shape_recompiles_and_debug_explains(capfd):
     mncore.init_cpu(implicit_sync="silent")
-    from mncore.lazy.tensor import tracer
+    from mncore.trace.state import tracer
     tracer.record_frames = True
     mncore.settings.debug = frozenset({"recompile"})
     try:

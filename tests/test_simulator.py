@@ -52,14 +52,15 @@ import torch
 import torch.nn.functional as F
 
 import mncore
-from mncore.compiler.pipeline import StaticShapeError
-from mncore.compiler.precision import round_to_format
+from mncore.errors import StaticShapeError
+from mncore.compile.precision import round_to_format
 from mncore.context import Context, MNDevice
 from mncore.devices import board as boards
-from mncore.devices.board import BoardLockTimeout
-from mncore.devices.sim import DeviceOutOfMemoryError
-from mncore.lazy import graph as lazy_graph
-from mncore.runtime import buffers, timeline
+from mncore.errors import BoardLockTimeout
+from mncore.errors import DeviceOutOfMemoryError
+from mncore.cache import memory as compile_cache
+from mncore.ir import buffers
+from mncore.observe import timeline
 
 pytestmark = pytest.mark.unit
 
@@ -257,9 +258,9 @@ def _run_policy(references, case: str, device: str, policy: str):
     r = references[case]
     mncore.init(device, float_dtype=policy)
     assert mncore.settings.float_dtype == policy
-    lazy_graph.cache.clear()
+    compile_cache.clear()
     result = _train(r["model"], r["batches"], "mncore")
-    exes = list(lazy_graph.cache._d.values())
+    exes = list(compile_cache.values())
     assert exes and all(e.policy == policy for e in exes)
     return result, exes
 
@@ -394,11 +395,11 @@ def test_half_elementwise_kernel_rounds_inputs_and_output_only(sim):
     g = torch.Generator().manual_seed(5)
     x = torch.randn(1000, generator=g)
     mncore.init("emu2", float_dtype="half")
-    lazy_graph.cache.clear()
+    compile_cache.clear()
     y = x.mncore() * 3 + 1
     mncore.sync()
     y = y.cpu()
-    (exe,) = lazy_graph.cache._d.values()
+    (exe,) = compile_cache.values()
     assert len(exe.kernels) == 1, [k.describe() for k in exe.kernels]
     expected = ref_round_half(ref_round_half(x) * 3 + 1)  # float32 arithmetic in between
     torch.testing.assert_close(y, expected, rtol=0, atol=0)
@@ -411,7 +412,7 @@ def test_half_elementwise_kernel_rounds_inputs_and_output_only(sim):
 _LOCK_PROGRAM = r"""
 import json, os, time
 import mncore
-from mncore.devices.board import BoardLockTimeout
+from mncore.errors import BoardLockTimeout
 out = {}
 t0 = time.monotonic()
 try:
@@ -522,19 +523,19 @@ def test_compile_time_out_of_memory_names_graph_needed_and_free(sim):
     assert need >= 2 * 64 * 64 * 4  # input and output are both resident
     # the same graph with room: its plan's peak is the figure the error named
     sim.delenv("MNCORE_SIM_DRAM_BYTES")
-    lazy_graph.cache.clear()
+    compile_cache.clear()
     del y, e  # y stays pending after the failed sync (the traceback holds it too); drop it so the
     gc.collect()  # next graph is the same one
     z = la @ la
     mncore.sync()
     torch.testing.assert_close(z.cpu(), a @ a, rtol=RTOL, atol=ATOL)
-    exe = next(e for e in lazy_graph.cache._d.values() if e.name == name)
+    exe = next(e for e in compile_cache.values() if e.name == name)
     assert exe.plan.peak_bytes == need
 
 
 def test_tensor_pending_at_out_of_memory_is_usable_afterwards(sim):
     mncore.init("emu2")
-    lazy_graph.cache.clear()  # the plan is checked when a graph is compiled, not when it is reused
+    compile_cache.clear()  # the plan is checked when a graph is compiled, not when it is reused
     a = torch.randn(64, 64)
     la = a.mncore()
     _small_dram(sim, own=a.numel() * 4, free=20000)
@@ -582,7 +583,7 @@ def test_data_dependent_shape_raises_static_shape_error(sim, op):
 
 def test_functional_mode_records_modelled_time(sim):
     mncore.init("mncore2:auto")
-    lazy_graph.cache.clear()
+    compile_cache.clear()
     mncore.metrics.reset()
     timeline.clear()
     a = torch.randn(32, 32)
@@ -590,7 +591,7 @@ def test_functional_mode_records_modelled_time(sim):
     mncore.sync()
     mncore.wait_device_ops()
     torch.testing.assert_close(out.cpu(), (a @ a).relu(), rtol=RTOL, atol=ATOL)
-    (exe,) = lazy_graph.cache._d.values()
+    (exe,) = compile_cache.values()
     c = mncore.metrics.counters()
     assert c["modelled_device_s"] >= exe.modelled_s > 0
     device = [ev for ev in timeline.events() if ev[0] == "device"]
@@ -602,7 +603,7 @@ def test_functional_mode_records_modelled_time(sim):
 def test_performance_mode_waits_for_the_modelled_time(sim):
     mncore.init("mncore2:auto", sim_mode="performance")
     assert mncore.settings.sim_mode == "performance"
-    lazy_graph.cache.clear()
+    compile_cache.clear()
     mncore.metrics.reset()
     timeline.clear()
     n = 8192  # 4 chained 8192^3 matmuls: ~0.18 s modelled; values are skipped, so nothing is computed
@@ -613,7 +614,7 @@ def test_performance_mode_waits_for_the_modelled_time(sim):
     mncore.sync()
     mncore.wait_device_ops()
     wall = time.perf_counter() - t0
-    (exe,) = lazy_graph.cache._d.values()
+    (exe,) = compile_cache.values()
     modelled = mncore.metrics.counters()["modelled_device_s"]
     assert modelled == pytest.approx(exe.modelled_s) and modelled > 0.05
     assert wall >= modelled, f"step took {wall:.3f} s, less than its modelled {modelled:.3f} s"

@@ -1,6 +1,7 @@
 """``mncore.context``: the MLSDK-style Context API (port existing code by changing its import)."""
 from mncore.context import storage
-from mncore.context.api import CompiledFunction, Context, InputError, MNDevice, TensorProxy
+from mncore.context.api import CompiledFunction, Context, MNDevice, TensorProxy
+from mncore.errors import InputError
 from mncore.context.naming import (
     get_tensor_name, set_buffer_name_in_optimizer, set_tensor_name, set_tensor_name_in_module,
 )

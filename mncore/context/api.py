@@ -9,6 +9,7 @@ placeholders and submits one job: no op is traced.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import pathlib
@@ -20,19 +21,24 @@ from typing import Any, Callable
 
 import torch
 
-from mncore.compiler import codegen, disk_cache
+from mncore import config
+from mncore.cache import disk as disk_cache
+from mncore.compile import codegen
+from mncore.config import settings
 from mncore.context.naming import get_tensor_name, set_tensor_name
 from mncore.context.storage import CacheOptions
-from mncore.devices.registry import DeviceSpec, parse
-from mncore.lazy import graph
-from mncore.lazy.ir import Data, Node, Seed
-from mncore.lazy.tensor import ImplicitSyncError, LazyTensor, Storage, tracer, value_of
-from mncore.runtime import metrics
-from mncore.runtime.executor import Job, executor
-from mncore.runtime.state import settings
+from mncore.devices import Device, parse
+from mncore.errors import ImplicitSyncError, InputError
+from mncore.execute import Job, executor
+from mncore.ir.meta import TensorMeta, meta_of
+from mncore.ir.values import Data, Node, Seed
+from mncore.observe import metrics
+from mncore.trace import graph_for, rng
+from mncore.trace.record import value_of
+from mncore.trace.state import separate_trace
+from mncore.trace.tensor import LazyTensor, Storage
 
-FLOAT_DTYPES = ("float", "mixed", "half", "double")
-KNOWN_OPTIONS = {"float_dtype": FLOAT_DTYPES}
+KNOWN_OPTIONS = {"float_dtype": config.PRECISION_POLICIES}
 
 
 class MNDevice:
@@ -40,7 +46,7 @@ class MNDevice:
 
     def __init__(self, spec: str):
         try:
-            self.spec: DeviceSpec = parse(spec)
+            self.spec: Device = parse(spec)
         except ValueError as e:
             raise ValueError(f"MNDevice: {e}") from None
 
@@ -52,30 +58,19 @@ class MNDevice:
         return f"MNDevice({self.spec.name!r})"
 
 
-def _meta(t: torch.Tensor) -> tuple:
-    return (tuple(t.shape), tuple(t.stride()), t.dtype)
-
-
 def _upload(t: torch.Tensor) -> Data:
     metrics.add("bytes_to_device", t.numel() * t.element_size())
-    return Data(_meta(t), t.detach().to(settings.exec_device, copy=True))
+    return Data(meta_of(t), t.detach().to(settings.exec_device, copy=True))
 
 
 def _describe(t: torch.Tensor) -> str:
     return get_tensor_name(t) or f"tensor(shape={tuple(t.shape)}, dtype={t.dtype})"
 
 
-class InputError(KeyError):
-    """A call or compile got inputs that do not match the compiled sample (names the key)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
-
-
 class TensorProxy:
     """A device-resident value: a compiled function's output, an input slot or a registered tensor."""
 
-    def __init__(self, leaf: Data | None, meta: tuple, context: Context | None = None, name: str | None = None):
+    def __init__(self, leaf: Data | None, meta: TensorMeta, context: Context | None = None, name: str | None = None):
         self._leaf_obj = leaf
         self._meta = meta
         self._context = context
@@ -88,23 +83,23 @@ class TensorProxy:
 
     @property
     def shape(self) -> torch.Size:
-        return torch.Size(self._meta[0])
+        return torch.Size(self._meta.shape)
 
     @property
     def dtype(self) -> torch.dtype:
-        return self._meta[2]
+        return self._meta.dtype
 
     def size(self, dim: int | None = None) -> Any:
         return self.shape if dim is None else self.shape[dim]
 
     def dim(self) -> int:
-        return len(self._meta[0])
+        return len(self._meta.shape)
 
     def cpu(self) -> torch.Tensor:
         """Wait for the producing job and copy the value to the host."""
         buf = self._leaf().wait()
         metrics.add("bytes_to_host", buf.numel() * buf.element_size())
-        return buf.to("cpu", dtype=self._meta[2], copy=True)  # 'double' keeps float32 values as float64
+        return buf.to("cpu", dtype=self._meta.dtype, copy=True)  # 'double' keeps float32 values as float64
 
     def item(self) -> Any:
         return self.cpu().item()
@@ -117,8 +112,8 @@ class TensorProxy:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"load_from expects a torch.Tensor, got {type(tensor).__name__}")
         what = self._name or "input proxy"
-        if tuple(tensor.shape) != self._meta[0] or tensor.dtype != self._meta[2]:
-            raise ValueError(f"{what}: expected shape {list(self._meta[0])} {self._meta[2]}, "
+        if tuple(tensor.shape) != self._meta.shape or tensor.dtype != self._meta.dtype:
+            raise ValueError(f"{what}: expected shape {list(self._meta.shape)} {self._meta.dtype}, "
                              f"got {list(tensor.shape)} {tensor.dtype}")
         leaf = _upload(tensor)
         if self._name is not None:
@@ -128,7 +123,7 @@ class TensorProxy:
         return self
 
     def __repr__(self) -> str:
-        return f"TensorProxy(shape={list(self._meta[0])}, dtype={self._meta[2]})"
+        return f"TensorProxy(shape={list(self._meta.shape)}, dtype={self._meta.dtype})"
 
 
 @dataclass(eq=False)
@@ -161,7 +156,7 @@ class CompiledFunction:
 
     def allocate_input_proxy(self) -> dict[str, TensorProxy]:
         """Device-side input slots (zero-filled) to fill with ``load_from``."""
-        return {k: TensorProxy(Data(m, torch.zeros(m[0], dtype=m[2], device=settings.exec_device)), m)
+        return {k: TensorProxy(Data(m, torch.zeros(m.shape, dtype=m.dtype, device=settings.exec_device)), m)
                 for k, m in self.input_specs.items()}
 
     def _bind_inputs(self, inputs: Any) -> dict[str, Data]:
@@ -180,11 +175,11 @@ class CompiledFunction:
             if isinstance(v, TensorProxy):
                 got, leaf = v._meta, None
             elif isinstance(v, torch.Tensor):
-                got, leaf = _meta(v), None
+                got, leaf = meta_of(v), None
             else:
                 raise TypeError(f"input {k!r} must be a torch.Tensor or TensorProxy, got {type(v).__name__}")
-            if got[0] != m[0] or got[2] != m[2]:
-                raise ValueError(f"input {k!r}: expected shape {list(m[0])} {m[2]}, got {list(got[0])} {got[2]}")
+            if got.shape != m.shape or got.dtype != m.dtype:
+                raise ValueError(f"input {k!r}: expected shape {list(m.shape)} {m.dtype}, got {list(got.shape)} {got.dtype}")
             leaves[k] = v._leaf() if isinstance(v, TensorProxy) else (leaf or _upload(v))
         return leaves
 
@@ -220,8 +215,6 @@ class CompiledFunction:
 
 
 def _fresh_seed() -> int:
-    from mncore.lazy import rng
-
     return rng.next_seed()
 
 
@@ -298,7 +291,7 @@ class Context:
         name = get_tensor_name(t)
         if name is None or self._registry.get(name) is not t:
             raise ValueError(f"tensor {_describe(t)} is not registered in this context")
-        return TensorProxy(None, _meta(t), self, name)
+        return TensorProxy(None, meta_of(t), self, name)
 
     def synchronize(self) -> None:
         """Wait for all work; write every registered tensor's device value back into its host tensor."""
@@ -331,7 +324,7 @@ class Context:
         Context.switch_context(self)
         self.cache_options = cache_options
         codegen_dir = pathlib.Path(codegen_dir)
-        input_specs = {k: _meta(v) for k, v in inputs.items()}
+        input_specs = {k: meta_of(v) for k, v in inputs.items()}
         placeholders = {k: _upload(v) for k, v in inputs.items()}
         trace = _Trace(self, placeholders)
         outs, states, consts = trace.run(function)
@@ -382,18 +375,17 @@ class _Trace:
         if isinstance(host, torch.nn.Parameter):
             twin._is_param = True
         set_tensor_name(twin, name)
-        self.initial[name] = twin._st.value
+        self.initial[name] = twin.mn_storage.value
         return twin
 
     def run(self, function: Callable) -> tuple[dict, dict, list]:
         """Trace ``function``; returns (output refs+metas, state update refs+metas, frozen constants)."""
-        saved_pending, saved_mode = tracer.pending, settings.implicit_sync
-        tracer.pending = weakref.WeakSet()
-        tracer.capture = []
-        settings.implicit_sync = "error"
         swapped: list[tuple[torch.Tensor, LazyTensor]] = []
         failure: BaseException | None = None
         result = None
+        scope = contextlib.ExitStack()
+        self.consts = scope.enter_context(separate_trace())
+        scope.enter_context(config.scoped(implicit_sync="error"))
         try:
             for name, host in self.ctx._registry.items():
                 if weakref.getweakrefcount(host):
@@ -422,10 +414,7 @@ class _Trace:
                     torch.utils.swap_tensors(host, twin)
                 except Exception as e:  # noqa: BLE001 - restore the rest, then report
                     errors.append(f"{get_tensor_name(twin) or get_tensor_name(host)}: {e}")
-            tracer.capture = None
-            tracer.pending = saved_pending
-            tracer.epoch += 1
-            settings.implicit_sync = saved_mode
+            scope.close()
             if errors:
                 raise RuntimeError("Context.compile could not give registered tensors back to the host: "
                                    + "; ".join(errors) + " (is a tensor produced by the function kept alive "
@@ -445,9 +434,9 @@ class _Trace:
             ) from None
         self._check_optimizers()
         outs = self._outputs(out)
-        states = {name: (obj._st.value, obj._st.meta) for name, obj in self.twins.items()
-                  if obj._st.value is not self.initial[name]}
-        return outs, states, list(tracer.capture)
+        states = {name: (obj.mn_storage.value, obj.mn_storage.meta) for name, obj in self.twins.items()
+                  if obj.mn_storage.value is not self.initial[name]}
+        return outs, states, list(self.consts)
 
     def _check_optimizers(self) -> None:
         for opt, snap in self.opt_snapshot:
@@ -473,7 +462,7 @@ class _Trace:
             if not isinstance(v, LazyTensor):
                 raise TypeError(f"output {k!r} must be a tensor computed from the inputs or registered tensors, "
                                 f"got {type(v).__name__}")
-            refs[k] = (value_of(v), v._m)
+            refs[k] = (value_of(v), v.mn_meta)
         return refs
 
     def finish(self, outs: dict, states: dict, consts: list, input_specs: dict, options: dict,
@@ -498,7 +487,7 @@ class _Trace:
         state_updates = {name: add_ref(ref, meta) for name, (ref, meta) in states.items() if type(ref[0]) is Node}
         cache = self.ctx.cache_options
         with disk_cache.using(cache.path if cache else None, read_only=bool(cache and cache.read_only)):
-            exe, leaves, scalars = (graph.build(refs, options=tuple(sorted(options.items()))) if refs else (None, [], []))
+            exe, leaves, scalars = (graph_for(refs, options=tuple(sorted(options.items()))) if refs else (None, [], []))
         bindings = [leaf_binding.get(id(leaf), _Binding("const", leaf)) for leaf in leaves]
         if consts:
             warnings.warn("Context.compile: these tensors are read by the function but are neither inputs nor "
@@ -514,7 +503,7 @@ def _placeholder(leaf: Data) -> LazyTensor:
 
 
 def _spec_json(meta: tuple) -> dict:
-    return {"shape": list(meta[0]), "dtype": str(meta[2]).replace("torch.", "")}
+    return {"shape": list(meta.shape), "dtype": str(meta.dtype).replace("torch.", "")}
 
 
 def _write_codegen_dir(path: pathlib.Path, exe: Any, bindings: list, input_specs: dict, out_specs: dict,
@@ -530,4 +519,5 @@ def _write_codegen_dir(path: pathlib.Path, exe: Any, bindings: list, input_specs
     input_names = {i: (b.key if b.kind != "const" else f"constant{next(consts_seen)}") for i, b in enumerate(bindings)}
     output_names = {s[1]: k for k, s in out_specs.items() if s[0] == "node"}
     output_names.update({i: f"{name} (updated)" for name, i in state_updates.items()})
-    codegen.write(path, exe, codegen.manifest(exe, input_names, output_names, extra))
+    codegen.write(path, exe, codegen.manifest(exe, settings.device, input_names, output_names, extra),
+                  onnx=config.get("codegen_onnx"))

@@ -9,46 +9,20 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import filelock
 
-DEFAULT_TIMEOUT_S = 600.0
-
-
-class BoardLockTimeout(TimeoutError):
-    """A board stayed locked by another process for longer than ``MNCORE_LOCK_TIMEOUT``."""
+from mncore import config
+from mncore.errors import BoardLockTimeout
 
 
 def runtime_dir() -> Path:
-    d = Path(os.environ.get("MNCORE_RUNTIME_DIR") or Path(tempfile.gettempdir()) / f"mncore-{os.getuid()}")
+    d = Path(config.runtime_dir())
     d.mkdir(parents=True, exist_ok=True)
     return d
-
-
-def n_boards() -> int:
-    raw = os.environ.get("MNCORE_SIM_BOARDS", "1")
-    try:
-        n = int(raw)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ValueError(f"MNCORE_SIM_BOARDS must be a positive integer, got {raw!r}")
-    return n
-
-
-def lock_timeout() -> float:
-    raw = os.environ.get("MNCORE_LOCK_TIMEOUT", str(DEFAULT_TIMEOUT_S))
-    try:
-        t = float(raw)
-    except ValueError:
-        raise ValueError(f"MNCORE_LOCK_TIMEOUT must be a number of seconds, got {raw!r}") from None
-    if t < 0:
-        raise ValueError(f"MNCORE_LOCK_TIMEOUT must not be negative, got {raw!r}")
-    return t
 
 
 @dataclass(eq=False)
@@ -94,7 +68,7 @@ def _try(index: int, timeout: float) -> Board | None:
 
 def acquire(which: str) -> Board:
     """Lock board ``which`` ('auto' or a board number), waiting up to the lock timeout."""
-    n = n_boards()
+    n = config.get("sim_boards")
     if which != "auto":
         index = int(which)
         if index >= n:
@@ -104,7 +78,7 @@ def acquire(which: str) -> Board:
         candidates = [index]
     else:
         candidates = list(range(n))
-    timeout = lock_timeout()
+    timeout = config.get("lock_timeout")
     deadline = time.monotonic() + timeout
     next_note = time.monotonic() + 10.0
     while True:

@@ -1,69 +1,68 @@
-"""Device strings: parsing, validation and the torch device each one executes on."""
+"""The device registry: device strings are parsed by the registered kinds, in order.
+
+Adding a device is one module with a ``Device`` subclass and one ``register`` line (the built-in
+ones below; a plugin or a test calls ``mncore.register_device``). The registry also holds the
+device the process is attached to.
+"""
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+from mncore.devices.base import Device
+from mncore.devices.emu2 import Emu2Device
+from mncore.devices.mncore2 import MNCore2Device
+from mncore.devices.pfvm import PfvmDevice
 
-import torch
-
-VALID_FORMS = ("pfvm:cpu", "pfvm:cuda", "pfvm:cuda:N", "emu2", "mncore2:auto", "mncore2:N")
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    """A validated device string and the torch device its graphs execute on."""
-
-    name: str
-    exec_device: torch.device
-
-    @property
-    def kind(self) -> str:
-        return self.name.split(":")[0]
+_kinds: list[type[Device]] = []
+_active: list[Device | None] = [None]
 
 
-def _valid_list() -> str:
-    from mncore.devices.board import n_boards
+def register(cls: type[Device]) -> type[Device]:
+    """Make device strings of ``cls.kind`` parse to ``cls`` (idempotent; usable as a decorator)."""
+    if not (isinstance(cls, type) and issubclass(cls, Device)) or not cls.kind:
+        raise TypeError(f"register_device needs a Device subclass with a 'kind', got {cls!r}")
+    if any(k.kind == cls.kind and k is not cls for k in _kinds):
+        raise ValueError(f"a device kind {cls.kind!r} is already registered")
+    if cls not in _kinds:
+        _kinds.append(cls)
+    return cls
 
-    avail = ["pfvm:cpu"]
-    if torch.cuda.is_available():
-        avail += [f"pfvm:cuda:{i}" for i in range(torch.cuda.device_count())]
-        avail.insert(1, "pfvm:cuda")
-    avail += ["emu2", "mncore2:auto"] + [f"mncore2:{i}" for i in range(n_boards())]
-    return ", ".join(avail)
+
+def unregister(cls: type[Device]) -> None:
+    if cls in _kinds:
+        _kinds.remove(cls)
 
 
-def parse(spec: str) -> DeviceSpec:
-    """Validate ``spec``; unknown or unavailable devices raise ``ValueError`` listing valid ones."""
+register(PfvmDevice)
+register(Emu2Device)
+register(MNCore2Device)
+
+
+def available() -> list[str]:
+    return [name for k in _kinds for name in k.available()]
+
+
+def parse(spec: str) -> Device:
+    """The (unattached) device ``spec`` names; ``ValueError`` listing the valid forms otherwise."""
     if not isinstance(spec, str):
         raise TypeError(f"device must be a string such as 'pfvm:cpu', got {type(spec).__name__}")
     s = spec.strip().lower()
-    if s == "pfvm:cpu":
-        return DeviceSpec("pfvm:cpu", torch.device("cpu"))
-    m = re.fullmatch(r"pfvm:cuda(?::(\d+))?", s)
-    if m:
-        index = int(m.group(1) or 0)
-        if not torch.cuda.is_available():
-            raise ValueError(
-                f"device {spec!r} needs a CUDA GPU, but torch.cuda.is_available() is False on this machine; "
-                f"available devices: {_valid_list()}"
-            )
-        if index >= torch.cuda.device_count():
-            raise ValueError(
-                f"device {spec!r}: this machine has {torch.cuda.device_count()} CUDA device(s); "
-                f"available devices: {_valid_list()}"
-            )
-        return DeviceSpec(f"pfvm:cuda:{index}", torch.device("cuda", index))
-    if s == "emu2":
-        return DeviceSpec("emu2", torch.device("cpu"))
-    m = re.fullmatch(r"mncore2:(auto|\d+)", s)
-    if m:
-        from mncore.devices.board import n_boards
+    for kind in _kinds:
+        try:
+            dev = kind.parse(s)
+        except ValueError as e:
+            raise ValueError(f"{e}; available devices: {', '.join(available())}") from None
+        if dev is not None:
+            return dev
+    forms = [f for k in _kinds for f in (k.forms or (k.kind,))]
+    raise ValueError(f"unknown device {spec!r}; valid forms are {', '.join(forms)} "
+                     f"(available now: {', '.join(available())})")
 
-        if m.group(1) != "auto" and int(m.group(1)) >= n_boards():
-            raise ValueError(f"device {spec!r}: this host has {n_boards()} simulated board(s) (MNCORE_SIM_BOARDS); "
-                             f"available devices: {_valid_list()}")
-        return DeviceSpec(s, torch.device("cpu"))
-    raise ValueError(
-        f"unknown device {spec!r}; valid forms are {', '.join(VALID_FORMS)} "
-        f"(available now: {_valid_list()})"
-    )
+
+def active() -> Device | None:
+    """The device ``mncore.init`` attached (None before the first ``init``)."""
+    return _active[0]
+
+
+def attach(dev: Device) -> Device:
+    """Attach ``dev`` in place of the current device (which stays attached if this fails)."""
+    _active[0] = dev.attach(_active[0])
+    return _active[0]

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from mncore import config
 from mncore.sim.hardware import Hardware, hardware
 
 COSTS_JSON = Path(__file__).with_name("costs.json")
@@ -64,9 +64,14 @@ def _constants(path: str) -> dict[str, float]:
         raise ValueError(f"cannot read the cost model constants from {path}: {e}") from None
 
 
+def costs_path() -> str:
+    """The constants file in force (``MNCORE_SIM_COSTS`` or the packaged ``costs.json``)."""
+    return config.get("sim_costs") or str(COSTS_JSON)
+
+
 def cost_model() -> CostModel:
     """The model for the current hardware description and constants file."""
-    path = os.environ.get("MNCORE_SIM_COSTS", str(COSTS_JSON))
+    path = costs_path()
     consts = _constants(path)
     missing = {"matmul_efficiency", "vector_efficiency", "dram_efficiency", "host_link_efficiency",
                "kernel_overhead_s", "launch_overhead_s"} - set(consts)

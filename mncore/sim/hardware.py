@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from mncore import config
 
 HARDWARE_JSON = Path(__file__).with_name("hardware.json")
 
@@ -35,26 +36,13 @@ class Hardware:
         return self.mabs * self.raw["hierarchy"]["value"]["pe_per_mab"]
 
 
-def _dram_override(default: int) -> int:
-    env = os.environ.get("MNCORE_SIM_DRAM_BYTES")
-    if env is None:
-        return default
-    try:
-        value = int(float(env))
-    except ValueError:
-        raise ValueError(f"MNCORE_SIM_DRAM_BYTES must be a number of bytes, got {env!r}") from None
-    if value <= 0:
-        raise ValueError(f"MNCORE_SIM_DRAM_BYTES must be positive, got {env!r}")
-    return value
-
-
 @functools.lru_cache(maxsize=None)
-def _load(path: str, dram_env: str | None) -> Hardware:
+def _load(path: str, dram_bytes: int | None) -> Hardware:
     raw = json.loads(Path(path).read_text())
     v = {k: e["value"] for k, e in raw.items() if isinstance(e, dict) and "value" in e}
     return Hardware(
         clock_hz=float(v["clock_hz"]), peak_flops=dict(v["peak_flops"]), vector_flops=dict(v["vector_flops"]),
-        dram_bytes=_dram_override(int(v["dram_bytes"])), dram_groups=int(v["dram_groups"]),
+        dram_bytes=dram_bytes or int(v["dram_bytes"]), dram_groups=int(v["dram_groups"]),
         dram_bw=float(v["dram_bw_per_group"]) * int(v["dram_groups"]), host_link_bw=float(v["host_link_bw"]),
         formats=dict(v["number_formats"]), raw=raw,
     )
@@ -62,4 +50,4 @@ def _load(path: str, dram_env: str | None) -> Hardware:
 
 def hardware() -> Hardware:
     """The board description; ``MNCORE_SIM_DRAM_BYTES`` overrides the DRAM size (read on each call)."""
-    return _load(str(HARDWARE_JSON), os.environ.get("MNCORE_SIM_DRAM_BYTES"))
+    return _load(str(HARDWARE_JSON), config.get("sim_dram_bytes"))

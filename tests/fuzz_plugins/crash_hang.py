@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from mncore.compiler import register_lowering
+from mncore import register_lowering
 
 
 def _crash(*args: object, **kwargs: object) -> torch.Tensor:

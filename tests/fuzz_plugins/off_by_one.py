@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from mncore.compiler import register_lowering
+from mncore import register_lowering
 
 aten = torch.ops.aten
 

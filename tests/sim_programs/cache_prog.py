@@ -22,7 +22,7 @@ import torch
 import mncore
 from mncore.context import (CacheOptions, Context, MNCoreSGD, MNDevice, set_buffer_name_in_optimizer,
                             set_tensor_name_in_module, storage)
-from mncore.lazy import graph as lazy_graph
+from mncore.cache import memory as compile_cache
 
 COUNTERS = ("compiles", "disk_cache_hits", "disk_cache_misses", "disk_cache_corrupt", "cache_hits")
 
@@ -66,7 +66,7 @@ def run(codegen_dir: str, ctx_cache: str) -> dict:
     opt = torch.optim.SGD(lazy_model.parameters(), lr=0.1, momentum=0.9)
     barrier("lazy")
     m0 = snapshot()
-    lazy_graph.cache.clear()  # (a no-op in a fresh process)
+    compile_cache.clear()  # (a no-op in a fresh process)
     lazy_losses = []
     for x, y in batches:
         opt.zero_grad()
@@ -79,7 +79,7 @@ def run(codegen_dir: str, ctx_cache: str) -> dict:
     lazy_losses = [loss.item() for loss in lazy_losses]
     lazy_params = [p.detach().cpu().tolist() for p in lazy_model.parameters()]
     m1 = snapshot()
-    lazy_names = sorted(exe.name for exe in lazy_graph.cache._d.values())
+    lazy_names = sorted(exe.name for exe in compile_cache.values())
 
     # -- Context API ----------------------------------------------------------------------------
     ctx_model = copy.deepcopy(model)
@@ -106,7 +106,7 @@ def run(codegen_dir: str, ctx_cache: str) -> dict:
     ctx_losses = [step({"x": x, "y": y})["loss"].item() for x, y in batches]
     context.synchronize()
     m3 = snapshot()
-    ctx_names = sorted(set(exe.name for exe in lazy_graph.cache._d.values()) - set(lazy_names))
+    ctx_names = sorted(set(exe.name for exe in compile_cache.values()) - set(lazy_names))
     return {
         "pid": os.getpid(),
         "lazy": {"metrics": delta(m1, m0), "graphs": lazy_names, "losses": lazy_losses, "params": lazy_params},

@@ -1,0 +1,99 @@
+"""The compiler: traced graph -> passes -> fusion -> precision -> cost -> memory plan -> executable."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from mncore.compile import fusion, memory_plan, passes, precision
+from mncore.compile.executable import Executable
+from mncore.compile.fingerprint import compiler_version
+from mncore.errors import StaticShapeError
+from mncore.sim.cost import cost_model, costs_path
+
+def _check_static(graph: fx.Graph, name: str) -> None:
+    for n in graph.nodes:
+        for m in n.meta.get("mn") or ():
+            if m is not None and not all(type(s) is int for s in m.shape):
+                raise StaticShapeError(f"mncore: graph {name}: op {n.target} (node {n.name}) has the dynamic shape "
+                                       f"{list(m.shape)}; MN-Core graphs need every shape fixed at compile time")
+
+
+def _host_bytes(node: fx.Node) -> int:
+    """Bytes a value occupies as a host-side buffer (its own dtype), for device-memory accounting."""
+    m = (node.meta.get("mn") or [None])[0]
+    return 0 if m is None else math.prod(m.shape) * m.dtype.itemsize
+
+
+def _value_bytes(node: fx.Node, policy: str) -> int:
+    return sum(precision.storage_bytes(m, policy) for m in node.meta.get("mn") or ())
+
+
+def _plan_values(graph: fx.Graph, kernels: list, home: dict, alias: dict, policy: str) -> list[tuple]:
+    """(name, bytes, first kernel, last kernel) of every DRAM value; views extend their base's life."""
+    n_k = len(kernels)
+    last: dict[fx.Node, int] = {}
+    first: dict[fx.Node, int] = {}
+    for n in graph.nodes:
+        if n.op == "placeholder" and (n.meta.get("mn") or [None])[0] is not None:
+            first[n], last[n] = -1, n_k
+    for k in kernels:
+        for o in k.outputs:
+            use = max((n_k if u.op == "output" else home.get(u, n_k) for u in o.users), default=k.index)
+            root = alias.get(o, o)
+            if root is o:
+                first[o] = k.index
+            last[root] = max(last.get(root, k.index), use)
+    return [(n.name, _value_bytes(n, policy), first[n], last[n]) for n in first]
+
+
+def compile_graph(graph: fx.Graph, name: str, key: Any, policy: str, static_shapes: bool) -> Executable:
+    """Optimise ``graph`` in place and build its executable with kernels, plan and modelled cost.
+
+    Pure: everything it depends on is an argument (the cost model reads its documented files).
+    """
+    precision.check_policy(policy)
+    if static_shapes:
+        _check_static(graph, name)
+    stats: dict[str, Any] = passes.run(graph)
+    kernels = fusion.fuse(graph)
+    model = cost_model()
+    home = {n: k.index for k in kernels for n in k.nodes}
+    n_k = len(kernels)
+    alias: dict[fx.Node, fx.Node] = {}  # outputs of view kernels -> the buffer they reinterpret
+    for k in kernels:
+        k.fmt = precision.kernel_format(policy, k.kind)
+        if k.kind == "view":
+            base = k.inputs[0] if len(k.inputs) == 1 else None
+            for o in k.outputs:
+                if base is not None:
+                    alias[o] = alias.get(base, base)
+            if base is not None:
+                continue
+        k.bytes = sum(_value_bytes(n, policy) for n in k.inputs) + sum(_value_bytes(n, policy) for n in k.outputs)
+        c = model.kernel(k.kind, k.flops, k.bytes, k.fmt)
+        k.time_s, k.bound = c.seconds, c.bound
+    plan = memory_plan.plan(_plan_values(graph, kernels, home, alias, policy), n_k)
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    compute = sum(k.time_s for k in kernels)
+    stats.update({
+        "nodes": sum(1 for n in graph.nodes if n.op == "call_function"),
+        "kernels": n_k,
+        "kernels_by_kind": {kind: sum(1 for k in kernels if k.kind == kind) for kind in
+                            ("view", "injective", "elementwise", "reduction", "complex", "opaque")},
+        "flops": sum(k.flops for k in kernels),
+        "bytes": sum(k.bytes for k in kernels),
+        "modelled_s": compute + model.launch_s,
+        "compute_bound_s": sum(k.time_s for k in kernels if k.bound == "compute"),
+        "peak_bytes": plan.peak_bytes,
+        "input_host_bytes": sum(_host_bytes(n) for n in graph.nodes if n.op == "placeholder"),
+        "policy": policy,
+        "compiler_version": compiler_version(costs_path()),
+        "torch": torch.__version__,
+    })
+    out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
+    return Executable.from_graph_module(gm, kernels, name=name, n_nodes=stats["nodes"], key=key, policy=policy,
+                                        plan=plan, stats=stats,
+                                        output_metas=[n.meta["mn"][0] for n in out_node.args[0]])

@@ -1,0 +1,76 @@
+"""The precision policy (``float_dtype``) and host emulation of MN-Core 2 number formats.
+
+Policies, for floating-point tensors (integer and bool tensors are never touched):
+
+* ``double``: every float tensor is stored and computed in float64; results return to the host
+  in the dtype the program asked for.
+* ``float``: float32 storage and arithmetic (as eager PyTorch).
+* ``mixed`` (the MLSDK default): tensors keep float32 storage; matmul, conv and attention
+  read their operands rounded to MN-Core half (1-6-9) and accumulate in float32; normalisation,
+  reductions and elementwise maths stay float32.
+* ``half``: every float tensor crossing DRAM (inputs, kernel outputs) is rounded to half;
+  matmul/conv/attention operands are half with float32 accumulation; values inside one fused
+  kernel stay float32 (registers), as on the device.
+
+Rounding to a format rounds the mantissa to nearest-even, flushes magnitudes below the smallest
+normal to zero (no subnormals) and clamps finite values to the largest normal. NaN and Inf are
+kept (the hardware has neither) so that a diverging run stays visible on the host.
+"""
+from __future__ import annotations
+
+import torch
+
+from mncore.config import PRECISION_POLICIES as POLICIES
+from mncore.errors import ConfigError
+from mncore.ir.meta import TensorMeta
+from mncore.sim.hardware import hardware
+
+_MANTISSA_BITS = {torch.float64: 52, torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}
+
+
+def check_policy(name: str) -> str:
+    if name not in POLICIES:
+        raise ConfigError(f"float_dtype must be one of {', '.join(POLICIES)}; got {name!r}")
+    return name
+
+
+def kernel_format(policy: str, kind: str) -> str:
+    """The number format a kernel of class ``kind`` computes in under ``policy`` (for the cost model)."""
+    if policy == "double":
+        return "double"
+    if policy == "half" or (policy == "mixed" and kind == "complex"):
+        return "half"
+    return "float"
+
+
+def storage_bytes(meta: TensorMeta | None, policy: str) -> int:
+    """Bytes a tensor occupies in device DRAM under ``policy``."""
+    if meta is None:
+        return 0
+    shape, _, dtype = meta
+    n = 1
+    for s in shape:
+        n *= s
+    if dtype.is_floating_point:
+        size = {"double": 8, "half": 2}.get(policy, 4 if dtype.itemsize >= 4 else dtype.itemsize)
+    else:
+        size = dtype.itemsize
+    return n * size
+
+
+def round_to_format(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """``x`` with its values rounded to the MN-Core format ``fmt`` (dtype unchanged)."""
+    if not x.is_floating_point():
+        return x
+    spec = hardware().formats[fmt]
+    man, exp = spec["mantissa_bits"], spec["exponent_bits"]
+    if man >= _MANTISSA_BITS.get(x.dtype, 0):
+        return x
+    m, e = torch.frexp(x)
+    scale = float(2 ** (man + 1))
+    y = torch.ldexp(torch.round(m * scale) / scale, e)
+    bias = 2 ** (exp - 1) - 1
+    largest = (2.0 - 2.0 ** -man) * 2.0 ** bias
+    smallest = 2.0 ** (1 - bias)
+    y = torch.where(y.abs() < smallest, torch.zeros_like(y), y.clamp(-largest, largest))
+    return torch.where(torch.isfinite(x), y, x)

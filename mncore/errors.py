@@ -1,0 +1,49 @@
+"""Every exception and warning mncore raises to users, in one place (catch them from here)."""
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A knob (environment variable or ``init`` argument) has a value it does not accept."""
+
+
+class NotInitializedError(RuntimeError):
+    """A tensor was put on the ``mncore`` device before ``mncore.init``."""
+
+
+class ImplicitSyncError(RuntimeError):
+    """Raised in ``implicit_sync='error'`` mode when a value is read before ``mncore.sync()``."""
+
+
+class ImplicitSyncWarning(UserWarning):
+    """A host read forced a sync of the pending graph (graph cut mid-step)."""
+
+
+class DeviceExecutionError(RuntimeError):
+    """A graph failed on the device; names the graph and the op that failed."""
+
+
+class StaticShapeError(RuntimeError):
+    """A graph holds a value whose shape is not known at compile time (emu2/mncore2 need static shapes)."""
+
+
+class DeviceOutOfMemoryError(MemoryError):
+    """A graph's memory plan does not fit the device DRAM left free by live tensors."""
+
+
+class BoardLockTimeout(TimeoutError):
+    """A board stayed locked by another process for longer than ``MNCORE_LOCK_TIMEOUT``."""
+
+
+class CacheLockTimeout(TimeoutError):
+    """Another process held a cache entry's compile lock for longer than ``MNCORE_LOCK_TIMEOUT``."""
+
+
+class CacheCorruptWarning(UserWarning):
+    """A cache entry failed its checksum or could not be decoded; it is recompiled and replaced."""
+
+
+class InputError(KeyError):
+    """A Context call or compile got inputs that do not match the compiled sample (names the key)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""

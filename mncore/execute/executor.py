@@ -1,0 +1,212 @@
+"""Job submission: one worker thread and FIFO queue per process, with the seed's three modes.
+
+``sync``: the host waits for each graph. ``async_naive``: ``sync()`` returns at once and the
+worker prepares and runs the job while the host traces on (they contend for the GIL).
+``async`` (default): the host waits on an event until the worker's host-side preparation of
+the job is done, then traces on while the device runs.
+"""
+from __future__ import annotations
+
+import atexit
+import operator
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from mncore.config import settings
+from mncore.devices import KernelFailed, registry
+from mncore.errors import DeviceExecutionError
+from mncore.ir import buffers
+from mncore.observe import hooks, metrics, timeline
+
+
+@dataclass(eq=False)
+class Job:
+    exe: Any
+    leaves: list
+    scalars: list
+    outs: list
+    submitted: float = 0.0
+    device: Any = None  # the device attached when it was submitted
+    prepared: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class _FindFailingOp(fx.Interpreter):
+    def run_node(self, n: fx.Node) -> Any:
+        try:
+            return super().run_node(n)
+        except Exception as e:
+            raise _OpFailed(n, e) from e
+
+
+class _OpFailed(Exception):
+    def __init__(self, node: fx.Node, exc: Exception):
+        super().__init__(str(exc))
+        self.node, self.exc = node, exc
+
+
+class Executor:
+    def __init__(self) -> None:
+        self._q: queue.Queue = queue.Queue()
+        self._errors: list[BaseException] = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._last: Job | None = None
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="mncore-worker", daemon=True)
+            self._thread.start()
+
+    def submit(self, job: Job) -> float:
+        """Queue ``job``; waits per the execution mode and returns the seconds waited."""
+        if hooks.graph_observers:
+            summary = {"name": job.exe.name, "nodes": job.exe.n_nodes, "stats": dict(job.exe.stats)}
+            for observe in hooks.graph_observers:
+                observe(summary)
+        job.submitted = timeline.now()
+        job.device = registry.active()
+        self._ensure_thread()
+        self._last = job
+        self._q.put(job)
+        mode = settings.execution
+        t0 = timeline.now()
+        if mode == "sync":
+            job.done.wait()
+        elif mode == "async":
+            job.prepared.wait()
+        waited = timeline.now() - t0
+        metrics.add("wait_s", waited)
+        return waited
+
+    def wait_all(self) -> None:
+        """Block until every submitted job finished; re-raise the first worker error."""
+        if self._thread is not None:
+            self._q.join()
+        self.raise_errors()
+
+    def raise_errors(self) -> None:
+        with self._lock:
+            if not self._errors:
+                return
+            err, self._errors = self._errors[0], []
+        raise err
+
+    def shutdown(self) -> None:
+        """Drain the queue and stop the worker (at interpreter exit, so no thread dies mid-kernel)."""
+        if self._thread is not None and self._thread.is_alive():
+            self._q.put(None)
+            self._thread.join(timeout=60)
+        self._thread = None
+
+    def _loop(self) -> None:
+        while True:
+            job = self._q.get()
+            if job is None:
+                self._q.task_done()
+                return
+            try:
+                self._run(job)
+            finally:
+                job = None
+                self._q.task_done()
+
+    def _run(self, job: Job) -> None:
+        exe = job.exe
+        t0 = timeline.now()
+        try:
+            args = [leaf.wait() for leaf in job.leaves] + job.scalars
+        except BaseException as e:  # an input came from a failed graph
+            args = None
+            err: BaseException | None = e
+        else:
+            err = None
+        job.prepared.set()
+        t1 = timeline.now()
+        timeline.record("worker", f"prepare {exe.name}", t0, t1)
+        result = None
+        if err is None:
+            try:
+                result = job.device.run(exe, job.leaves, args, job.submitted)
+                outs = _conform_outputs(exe, result.outs)
+            except Exception as e:  # noqa: BLE001 - reported to the host, never swallowed
+                err = self._describe(exe, args, e)
+        t2 = timeline.now()
+        if err is None:
+            for leaf, o in zip(job.outs, outs):
+                buffers.put(leaf.bid, o)
+        else:
+            for leaf in job.outs:
+                leaf.error = err
+            with self._lock:
+                self._errors.append(err)
+        for leaf in job.outs:
+            leaf.ready.set()
+        if result is not None and result.modelled_s is not None:
+            if result.measured_lane is not None:
+                timeline.record(result.measured_lane, exe.name, t1, t2, nodes=exe.n_nodes,
+                                time="measured (host emulation)")
+            timeline.record("device", exe.name, result.start, result.end, nodes=exe.n_nodes, time="modelled",
+                            modelled_s=result.modelled_s)
+            metrics.add("modelled_device_s", result.modelled_s)
+        else:
+            timeline.record("device", exe.name, t1, t2, nodes=exe.n_nodes, time="measured")
+        metrics.add("execute_s", t2 - t1)
+        metrics.add("graphs_executed")
+        job.done.set()
+
+    @staticmethod
+    def _describe(exe: Any, args: list, exc: Exception) -> DeviceExecutionError:
+        op = "?"
+        if isinstance(exc, DeviceExecutionError):
+            return exc
+        if isinstance(exc, KernelFailed):
+            op, exc = f"{exc.node.target} (node {exc.node.name}, kernel {exc.kernel})", exc.exc
+            return DeviceExecutionError(f"mncore: graph {exe.name} failed at op {op}: {type(exc).__name__}: {exc}")
+        try:
+            _FindFailingOp(exe.gm).run(*args)
+        except _OpFailed as f:
+            op = f"{f.node.target} (node {f.node.name})"
+        except Exception:  # noqa: BLE001 - best effort only
+            pass
+        return DeviceExecutionError(f"mncore: graph {exe.name} failed at op {op}: {type(exc).__name__}: {exc}")
+
+
+def _conform_outputs(exe: Any, outs: tuple) -> tuple:
+    """Hold every result to the shape and dtype it was traced with.
+
+    Eager CPU kernels do not validate every input combination, and a few return outputs that are
+    undefined in a mode as empty tensors (batch-norm statistics in eval) or in another dtype than
+    their meta kernel (half layer-norm statistics). Empty placeholders become zeros of the traced
+    shape and dtype differences are cast; any other shape difference would corrupt later reads
+    silently, so it fails naming the op.
+    """
+    fixed = None
+    for i, (o, m) in enumerate(zip(outs, exe.output_metas)):
+        if m is None or not isinstance(o, torch.Tensor):
+            continue
+        if o.shape != m.shape:
+            if o.numel() != 0:
+                node = next(n for n in reversed(exe.graph.nodes) if n.op == "output").args[0][i]
+                if node.target is operator.getitem:  # one output of a multi-output op: name the op
+                    node = node.args[0]
+                raise DeviceExecutionError(
+                    f"mncore: graph {exe.name} failed at op {node.target} (node {node.name}): it returned "
+                    f"{list(o.shape)} {o.dtype} but was traced as {list(m.shape)} {m.dtype}; its inputs are probably invalid")
+            o = torch.zeros(m.shape, dtype=m.dtype, device=o.device)
+        elif o.dtype != m.dtype and not (exe.policy == "double" and o.dtype == torch.float64):
+            o = o.to(m.dtype)
+        else:
+            continue
+        fixed = fixed or list(outs)
+        fixed[i] = o
+    return outs if fixed is None else tuple(fixed)
+
+
+executor = Executor()
+atexit.register(executor.shutdown)

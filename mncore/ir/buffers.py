@@ -1,0 +1,67 @@
+"""The buffer table: every device-resident tensor, keyed by buffer id.
+
+Data leaves own their entry and free it when their last reference dies, so the number of
+live buffers is a direct measure of device memory held by Python objects.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any, Callable
+
+from mncore.observe import metrics
+
+_table: dict[int, Any] = {}
+_ids = itertools.count(1)
+_lock = threading.RLock()  # re-entrant: a Data.__del__ run by the GC inside a locked section frees too
+_total = [0]  # bytes held by every buffer, kept up to date so device-memory checks are O(1)
+
+
+def _nbytes(t: Any) -> int:
+    return t.numel() * t.element_size() if hasattr(t, "element_size") else 0
+
+
+def new_id() -> int:
+    return next(_ids)
+
+
+def put(bid: int, tensor: Any) -> None:
+    with _lock:
+        old = _table.get(bid)
+        _table[bid] = tensor
+        _total[0] += _nbytes(tensor) - (_nbytes(old) if old is not None else 0)
+
+
+def get(bid: int) -> Any:
+    try:
+        return _table[bid]
+    except KeyError:
+        raise RuntimeError(f"mncore: buffer {bid} is not on the device (freed or never written)") from None
+
+
+def free(bid: int) -> None:
+    with _lock:
+        old = _table.pop(bid, None)
+        if old is not None:
+            _total[0] -= _nbytes(old)
+
+
+def live() -> int:
+    return len(_table)
+
+
+def live_bytes() -> int:
+    """Bytes held by all device buffers (a running total)."""
+    return _total[0]
+
+
+def migrate(fn: Callable[[Any], Any]) -> None:
+    """Apply ``fn`` to every buffer (used when ``init`` switches the execution device)."""
+    with _lock:
+        for bid, t in list(_table.items()):
+            _table[bid] = fn(t)
+        _total[0] = sum(_nbytes(t) for t in _table.values())
+
+
+metrics.register_gauge("live_buffers", live)
+metrics.register_gauge("live_bytes", live_bytes)

@@ -1,0 +1,141 @@
+"""Graph values: cheap Python objects recorded per aten op, turned into torch.fx only on compile.
+
+A value is a pair ``(producer, index)``; the producer is a :class:`Node` (pending op),
+a :class:`Data` leaf (a device buffer) or a :class:`Scalar` leaf (a lifted Python number).
+A node carries its :class:`OpSig` (the interned signature: op, non-tensor arguments, input
+metadata, and the inferred output metadata), so later stages need nothing from the tracer.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+from mncore.ir import buffers
+from mncore.ir.meta import TensorMeta
+
+_seq = itertools.count()
+
+
+class OpSig:
+    """One interned op signature: ``id`` numbers it in graph keys; ``key`` is what was interned."""
+
+    __slots__ = ("id", "key", "struct", "metas")
+
+    def __init__(self, id: int, key: tuple, struct: Any, metas: tuple[TensorMeta | None, ...]):
+        self.id = id
+        self.key = key  # (target, tensor-free args, kwargs, input metas)
+        self.struct = struct  # None: one tensor; 'none': no output; else the container type
+        self.metas = metas
+
+
+class Node:
+    """One traced op. ``template`` holds the non-tensor arguments with markers for tensors."""
+
+    __slots__ = ("target", "template", "inputs", "sig", "seq", "nout", "frame")
+
+    def __init__(self, target: Any, template: Any, inputs: tuple, sig: OpSig, frame: Any = None):
+        self.target = target
+        self.template = template
+        self.inputs = inputs  # tuple of values (producer, index)
+        self.sig = sig
+        self.seq = next(_seq)
+        self.nout = 0 if sig.struct is None else len(sig.metas)
+        self.frame = frame
+
+    @property
+    def metas(self) -> tuple[TensorMeta | None, ...]:
+        return self.sig.metas
+
+
+class Data:
+    """A leaf that owns one buffer-table entry; the entry is freed when the leaf dies.
+
+    A leaf produced by a submitted job is a placeholder until the worker fills it; ``ready``
+    is set then (or ``error`` is stored), so host reads wait only for the graph they need.
+    """
+
+    __slots__ = ("bid", "meta", "ready", "error", "graph", "on_board", "__weakref__")
+
+    def __init__(self, meta: TensorMeta, tensor: Any = None):
+        self.bid = buffers.new_id()
+        self.meta = meta
+        self.error: BaseException | None = None
+        self.graph: str | None = None
+        self.on_board = False  # simulated devices: whether its host->device copy was already modelled
+        if tensor is not None:
+            buffers.put(self.bid, tensor)
+            self.ready = None
+        else:
+            self.ready = threading.Event()
+
+    def wait(self) -> Any:
+        """Block until the buffer exists, then return it (re-raising a worker error)."""
+        if self.ready is not None:
+            self.ready.wait()
+        if self.error is not None:
+            raise self.error
+        return buffers.get(self.bid)
+
+    def __del__(self) -> None:
+        try:
+            buffers.free(self.bid)
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class Scalar:
+    """A Python number lifted out of the graph key so that changing it never recompiles."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
+class Seed(Scalar):
+    """A random op's seed: a lifted scalar that must be fresh on every execution."""
+
+    __slots__ = ()
+
+
+class TensorMarker:
+    """Stands for a tensor argument inside a node template."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "T"
+
+
+class ScalarMarker:
+    """Stands for a lifted scalar inside a node template; keeps the scalar's Python type."""
+
+    __slots__ = ("kind",)
+
+    def __init__(self, kind: type):
+        self.kind = kind
+
+    def __repr__(self) -> str:
+        return f"S[{self.kind.__name__}]"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ScalarMarker) and other.kind is self.kind
+
+    def __hash__(self) -> int:
+        return hash(self.kind)
+
+
+class DeviceToken:
+    """Stands for ``device='mncore'`` in templates; the FX build lowers it to the execution device."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "DEV"
+
+
+T = TensorMarker()
+DEV = DeviceToken()
+SCALAR_MARKERS = {float: ScalarMarker(float), int: ScalarMarker(int), bool: ScalarMarker(bool),
+                  complex: ScalarMarker(complex)}

@@ -1,1 +1,0 @@
-"""Lazy mode: the ``mncore`` torch device, the tracer and ``sync()``."""

@@ -1,0 +1,122 @@
+"""The runtime's metrics: one fixed vocabulary of counters and timings, safe to update from any thread.
+
+Every name is declared in ``COUNTERS`` or ``TIMINGS`` (``add`` of anything else raises). Each
+thread adds into its own accumulator, so the hot path (one ``add`` per traced op) takes no lock
+and no update is lost when the tracer, autograd's thread and the worker count at once; readers
+sum the accumulators. Gauges (``live_buffers``) are read from their owner when reported.
+"""
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Callable
+
+COUNTERS = {
+    "traced_ops": "aten ops recorded by the tracer",
+    "graphs_executed": "graphs the worker finished",
+    "compiles": "graphs compiled (in-memory and disk cache misses)",
+    "cache_hits": "graph cuts served by the in-memory compile cache",
+    "implicit_syncs": "host reads that cut the graph before sync()",
+    "fallback_ops": "data-dependent ops run eagerly",
+    "syncs": "graph cuts (sync() calls, implicit ones included)",
+    "bytes_to_device": "bytes uploaded from the host",
+    "bytes_to_host": "bytes read back to the host",
+    "disk_cache_hits": "executables loaded from the disk cache",
+    "disk_cache_misses": "disk cache look-ups that found nothing",
+    "disk_cache_corrupt": "disk cache entries that failed their checksum or decoding",
+}
+TIMINGS = {
+    "trace_s": "host time inside mncore's op dispatch",
+    "compile_s": "host time compiling graphs",
+    "execute_s": "worker time running graphs (measured)",
+    "sync_s": "host time cutting graphs in sync(), waits excluded",
+    "wait_s": "host time waiting for the worker in sync()",
+    "modelled_device_s": "modelled device time of the simulated board",
+}
+VOCABULARY = {**COUNTERS, **TIMINGS}
+
+_lock = threading.Lock()
+_tls = threading.local()
+_accumulators: list[dict[str, float]] = []
+_fallbacks: Counter = Counter()
+_gauges: dict[str, Callable[[], int]] = {}
+
+
+def _new_accumulator() -> dict[str, float]:
+    acc = dict.fromkeys(VOCABULARY, 0)
+    with _lock:
+        _accumulators.append(acc)
+    _tls.values = acc
+    return acc
+
+
+def add(name: str, amount: float = 1) -> None:
+    """Add ``amount`` to counter or timing ``name`` (a KeyError names an undeclared metric)."""
+    try:
+        acc = _tls.values
+    except AttributeError:
+        acc = _new_accumulator()
+    try:
+        acc[name] += amount
+    except KeyError:
+        raise KeyError(f"mncore metrics: {name!r} is not a declared metric (see mncore.observe.metrics)") from None
+
+
+def count_fallback(op_name: str) -> None:
+    """Ops the device cannot trace (data-dependent shapes) run eagerly; count them per op."""
+    with _lock:
+        _fallbacks[op_name] += 1
+    add("fallback_ops")
+
+
+def register_gauge(name: str, read: Callable[[], int]) -> None:
+    """A value owned elsewhere (live buffers) that ``counters()`` reports as it is now."""
+    _gauges[name] = read
+
+
+def gauge(name: str) -> int:
+    return _gauges[name]()
+
+
+def counters() -> dict[str, float]:
+    """All counters and timings (seconds) plus the gauges; a fresh dict each call."""
+    with _lock:
+        accs = list(_accumulators)
+    total = dict.fromkeys(VOCABULARY, 0)
+    for acc in accs:
+        for k, v in list(acc.items()):
+            total[k] += v
+    out: dict[str, float] = {k: int(total[k]) for k in COUNTERS}
+    out.update({k: float(total[k]) for k in TIMINGS})
+    out.update({"live_buffers": _gauges["live_buffers"]()} if "live_buffers" in _gauges else {})
+    return out
+
+
+def fallback_ops() -> dict[str, int]:
+    with _lock:
+        return dict(_fallbacks)
+
+
+def reset() -> None:
+    with _lock:
+        for acc in _accumulators:
+            for k in acc:
+                acc[k] = 0
+        _fallbacks.clear()
+
+
+def report() -> str:
+    """The counters as aligned text, timings in milliseconds."""
+    c = counters()
+    width = max(len(k) for k in c)
+    lines = ["mncore metrics"]
+    for k, v in c.items():
+        if k.endswith("_s"):
+            lines.append(f"  {k:<{width}}  {v * 1e3:12.3f} ms")
+        else:
+            lines.append(f"  {k:<{width}}  {v:12d}")
+    fb = fallback_ops()
+    if fb:
+        lines.append("  fallback ops (ran eagerly after an implicit sync):")
+        lines += [f"    {name}: {n}" for name, n in sorted(fb.items())]
+    return "\n".join(lines)

@@ -1,1 +1,0 @@
-"""Runtime: buffer table, executor (worker thread and jobs), metrics and timeline."""

@@ -1,0 +1,214 @@
+"""Dispatch: which handler traces each aten op, chosen once per op from its schema facts.
+
+``dispatch`` is ``LazyTensor.__torch_dispatch__``; it also counts the time spent in mncore's
+tracer (``trace_s``). Factories with ``device='mncore'`` and no tensor argument reach the
+PrivateUse1 kernels made by ``factory`` instead.
+"""
+from __future__ import annotations
+
+from time import perf_counter
+from typing import Any
+
+import torch
+
+from mncore.config import require_init
+from mncore.ir import ops as opinfo
+from mncore.observe import metrics
+from mncore.trace import views
+from mncore.trace.host import fallback, functional, host_op, host_value
+from mncore.trace.infer import FallbackNeeded
+from mncore.trace.record import from_host, new_tensor, record
+from mncore.trace.state import tracer
+from mncore.trace.tensor import DEVICE_NAME, LazyTensor
+from mncore.trace.writes import mutating, write
+
+aten = torch.ops.aten
+
+
+def _view(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """Trace the view op now (its value is cached) and share the parent's storage for writes."""
+    self = args[0]
+    if not isinstance(self, LazyTensor):
+        return functional(info, func, args, kwargs)
+    if func in views.ALIASES:
+        child = _child(self, self.mn_meta, self.mn_chain)
+        child.mn_view_cache = self.mn_view_cache
+        return child
+    try:
+        node = record(info, func, args, kwargs)
+    except FallbackNeeded as e:
+        return fallback(info, func, args, kwargs, str(e))
+    struct, metas = node.sig.struct, node.sig.metas
+    rest = tuple(tuple(a) if type(a) is list else a for a in args[1:])
+    if kwargs:
+        rest += tuple(tuple(v) if type(v) is list else v for v in kwargs.values())  # e.g. split(.., dim=2)
+    token = (self.mn_storage.version, tracer.epoch)
+    if struct is None:
+        # Unknown view ops still read through the chain (so they see later writes to the base);
+        # writing through them raises in views.inverse.
+        child = _child(self, metas[0], self.mn_chain + ((func, rest, self.mn_meta.shape),))
+        child.mn_view_cache = (token, (node, 0))
+        return child
+    pieces = views.split_views(func, rest, self.mn_meta.shape)
+    if pieces is None:
+        return struct([_readonly(new_tensor((node, i), m), info.name) for i, m in enumerate(metas)])
+    out = []
+    for i, ((op, a), m) in enumerate(zip(pieces, metas)):
+        child = _child(self, m, self.mn_chain + ((op, a, self.mn_meta.shape),))
+        child.mn_view_cache = (token, (node, i))
+        out.append(child)
+    return struct(out)
+
+
+def _readonly(t: LazyTensor, op_name: str) -> LazyTensor:
+    """Views we cannot write back through are traced as copies and refuse in-place writes."""
+    t.mn_readonly = op_name
+    return t
+
+
+def _child(parent: LazyTensor, meta: tuple, chain: tuple) -> LazyTensor:
+    t = LazyTensor(meta, parent.mn_storage, chain)
+    if getattr(parent, "mn_readonly", None):
+        t.mn_readonly = parent.mn_readonly
+    return t
+
+
+def _to_copy(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    dev = kwargs.get("device")
+    if dev is not None and torch.device(dev).type != DEVICE_NAME:
+        src = args[0]
+        buf = host_value(src, ".cpu()/.to(device)")
+        kw = dict(kwargs)
+        kw["device"] = torch.device(dev)
+        return func(buf, **kw)
+    return functional(info, func, args, kwargs)
+
+
+def _copy_(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    dst, src = args[0], args[1]
+    dst_lazy, src_lazy = isinstance(dst, LazyTensor), isinstance(src, LazyTensor)
+    if dst_lazy and not src_lazy:
+        if src.device.type == "meta":
+            raise RuntimeError("mncore: cannot copy from a meta tensor")
+        up = from_host(src)
+        if not dst.mn_chain and up.mn_meta == dst.mn_meta:
+            write(dst, up.mn_storage.value, up.mn_meta)
+            return dst
+        src = up
+    elif src_lazy and not dst_lazy:
+        return dst.copy_(host_value(src, "copy_ to a host tensor"), *args[2:])
+    res = functional(opinfo.info_for(aten.copy.default), aten.copy.default, (dst, src), {})
+    write(dst, res.mn_storage.value, res.mn_meta, "copy_")
+    return dst
+
+
+def _unsupported(what: str):
+    def handler(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+        raise NotImplementedError(f"mncore: {info.name} is not supported: {what}")
+    return handler
+
+
+_NO_KWARGS: dict = {}
+
+
+_dispatch_cache: dict = {}
+
+
+def _route(func: Any) -> tuple:
+    info = opinfo.info_for(func)
+    return info, _SPECIAL.get(func) or _HANDLERS[info.kind]
+
+
+def _restride_same_shape(self: LazyTensor, stride: list, offset: int) -> LazyTensor:
+    """``x.as_strided_(x.shape, stride, offset)``: eager re-reads x's storage with new strides.
+
+    PyTorch does this to keep channels_last after pooling. Lazy metadata is fixed, so the new
+    values are computed (lay x out in its storage order, read it back with the new strides) and
+    written into x, which keeps its traced strides.
+    """
+    shape, old_stride, dtype = self.mn_meta
+    if stride == list(old_stride) and offset == 0:
+        return self
+    if 0 in shape:
+        return self
+    extent = 1 + sum((n - 1) * st for n, st in zip(shape, old_stride))
+    need = offset + 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+    if offset < 0 or any(st < 0 for st in stride) or need > extent:
+        raise RuntimeError(f"as_strided_: size {list(shape)}, stride {stride}, offset {offset} reach element "
+                           f"{need - 1} of a storage of {extent} elements (out of bounds)")
+    flat = torch.zeros(extent, dtype=dtype, device=DEVICE_NAME)
+    flat = torch.as_strided_scatter(flat, self, shape, old_stride)
+    self.copy_(torch.as_strided(flat, shape, stride, offset).clone())
+    return self
+
+
+def _metadata_inplace(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    self = args[0]
+    if info.name == "as_strided_" and isinstance(self, LazyTensor) and list(args[1]) == list(self.mn_meta.shape):
+        return _restride_same_shape(self, list(args[2]), (args[3] if len(args) > 3 else None) or 0)
+    raise NotImplementedError(
+        f"mncore: {info.name} changes a tensor's shape or strides in place, which lazy tensors (static "
+        f"metadata) cannot do; use the out-of-place form, e.g. x = x.{info.name.split('.')[0].rstrip('_')}(...)"
+    )
+
+
+def _to(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``aten.to.*`` reaches dispatch only in inference mode: no change returns self, else _to_copy."""
+    named = dict(zip(info.arg_names, args))
+    named.update(kwargs)
+    self = named.pop("self")
+    other = named.get("other")
+    dtype = other.dtype if isinstance(other, torch.Tensor) else named.get("dtype")
+    device = other.device if isinstance(other, torch.Tensor) else named.get("device")
+    kw = {}
+    if dtype is not None and dtype != self.mn_meta.dtype:
+        kw["dtype"] = dtype
+    if device is not None and torch.device(device).type != DEVICE_NAME:
+        kw["device"] = torch.device(device)
+    if not kw and not named.get("copy"):
+        return self
+    return _to_copy(opinfo.info_for(aten._to_copy.default), aten._to_copy.default, (self,), kw)
+
+
+_HANDLERS = {
+    "metadata_inplace": _metadata_inplace,
+    "to": _to,
+    "functional": functional,
+    "view": _view,
+    "mutating": mutating,
+    "host": host_op,
+}
+
+
+_SPECIAL = {
+    aten._to_copy.default: _to_copy,
+    aten.copy_.default: _copy_,
+    aten.set_.source_Tensor: _unsupported("tensor storage cannot be re-pointed on a lazy device"),
+    aten.resize_.default: _unsupported("lazy tensors have static shapes; create a new tensor instead"),
+}
+
+
+def factory(func: Any):
+    info = opinfo.info_for(func)
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        require_init()
+        t0 = perf_counter()
+        try:
+            return functional(info, func, args, kwargs)
+        finally:
+            metrics.add("trace_s", perf_counter() - t0)
+
+    return kernel
+
+
+def dispatch(func: Any, args: tuple, kwargs: dict | None) -> Any:
+    """Route ``func`` to its handler (cached per op) and count the time as ``trace_s``."""
+    t0 = perf_counter()
+    try:
+        hit = _dispatch_cache.get(func)
+        if hit is None:
+            hit = _dispatch_cache[func] = _route(func)
+        return hit[1](hit[0], func, args, kwargs or _NO_KWARGS)
+    finally:
+        metrics.add("trace_s", perf_counter() - t0)

@@ -1,0 +1,141 @@
+"""Host reads, implicit syncs and eager fallback: where lazy values meet the host.
+
+A host read of a pending value cuts the graph (``implicit_sync``, per ``MNCORE_IMPLICIT_SYNC``);
+ops whose output shape depends on values run eagerly on the execution device and continue lazily.
+"""
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Any
+
+import torch
+
+from mncore.config import settings
+from mncore.errors import ImplicitSyncError, ImplicitSyncWarning, StaticShapeError
+from mncore.ir.meta import meta_of
+from mncore.ir.values import Data, Node
+from mncore.observe import metrics
+from mncore.trace import views
+from mncore.trace.infer import FallbackNeeded
+from mncore.trace.record import new_tensor, record, wrap
+from mncore.trace.state import tracer
+from mncore.trace.sync import sync
+from mncore.trace.tensor import DEVICE_NAME, LazyTensor
+
+aten = torch.ops.aten
+
+_warned_sites: set = set()
+
+
+def _user_site() -> tuple[str, int, str]:
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if "/torch/" not in fn and "/mncore/" not in fn and not fn.startswith("<"):
+            return fn, f.f_lineno, f.f_code.co_name
+        f = f.f_back
+    return "<no Python frame: autograd engine thread>", 0, "backward"
+
+
+def implicit_sync(reason: str) -> None:
+    """A value is needed on the host while work is still pending: handle per the configured mode."""
+    mode = settings.implicit_sync
+    site = _user_site()
+    where = f"{site[0]}:{site[1]} in {site[2]}"
+    if mode == "error":
+        raise ImplicitSyncError(
+            f"mncore: {reason} reads a tensor value before mncore.sync() at {where}; call mncore.sync() "
+            "first or init(implicit_sync='warn'|'silent') to allow an implicit sync"
+        )
+    if mode == "warn" and site not in _warned_sites:
+        _warned_sites.add(site)
+        warnings.warn_explicit(
+            f"mncore: implicit sync: {reason} at {where} reads a tensor value before mncore.sync(); "
+            "the pending graph is cut here (this warning is shown once per call site)",
+            ImplicitSyncWarning, site[0], site[1],
+        )
+    metrics.add("implicit_syncs")
+    sync(reason="implicit")
+
+
+def realize(t: LazyTensor, reason: str) -> torch.Tensor:
+    """The concrete tensor (on the execution device) behind ``t``; syncs implicitly if pending."""
+    if tracer.capture is not None:  # Context API tracing: even a ready value would be baked in
+        raise ImplicitSyncError(f"{reason} reads a tensor value while a Context function is being compiled")
+    st = t.mn_storage
+    if type(st.value[0]) is Node:
+        implicit_sync(reason)
+    buf = st.value[0].wait()
+    for op, args, _ in t.mn_chain:
+        buf = views.apply_eager(op, args, buf)
+    shape, stride, dtype = t.mn_meta
+    # kernels may pick other layouts, and the 'double' precision policy keeps float32 values in
+    # float64 on the device: hand back the traced layout and dtype
+    if (buf.stride() != stride and buf.numel() > 1) or buf.dtype != dtype:
+        buf = torch.empty_strided(shape, stride, dtype=dtype, device=buf.device).copy_(buf)
+    return buf
+
+
+def host_value(t: LazyTensor, reason: str) -> torch.Tensor:
+    """``realize``, counted as bytes read back to the host."""
+    buf = realize(t, reason)
+    metrics.add("bytes_to_host", buf.numel() * buf.element_size())
+    return buf
+
+
+def realize_all(args: tuple, kwargs: dict, reason: str) -> tuple[list, dict]:
+    """The arguments of a call with every lazy tensor realized (for ops that run eagerly)."""
+    def conv(a: Any) -> Any:
+        if isinstance(a, LazyTensor):
+            return realize(a, reason)
+        if isinstance(a, (list, tuple)):
+            return type(a)(conv(x) for x in a)
+        if type(a) is torch.device and a.type == DEVICE_NAME:
+            return settings.exec_device
+        return a
+
+    return [conv(a) for a in args], {k: conv(v) for k, v in kwargs.items()}
+
+
+def fallback(info: Any, func: Any, args: tuple, kwargs: dict, why: str) -> Any:
+    """Ops whose output shape depends on values (nonzero, masked indexing, unique) run eagerly.
+
+    Not on the simulated MN-Core devices: their compiler needs every shape fixed in advance.
+    """
+    if settings.static_shapes:
+        raise StaticShapeError(
+            f"mncore: {info.name} has a data-dependent output shape ({why}); {settings.device} compiles graphs "
+            f"with static shapes only, so it cannot run there. Compute it on the host (.cpu()) or use a pfvm device")
+    metrics.count_fallback(info.name)
+    real_args, real_kwargs = realize_all(args, kwargs, f"{info.name} (data-dependent shape)")
+    out = func(*real_args, **real_kwargs)
+
+    def wrap(o: Any) -> Any:
+        if isinstance(o, torch.Tensor):
+            meta = meta_of(o)
+            return new_tensor((Data(meta, o), 0), meta)
+        if isinstance(o, (list, tuple)):
+            return type(o)(wrap(x) for x in o)
+        return o
+
+    return wrap(out)
+
+
+def functional(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """Trace a functional op, or run it eagerly when its output shape depends on values."""
+    try:
+        node = record(info, func, args, kwargs)
+    except FallbackNeeded as e:
+        return fallback(info, func, args, kwargs, str(e))
+    return wrap(node)
+
+
+def host_op(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """Ops that read values on the host (``.item()``, ``torch.equal``)."""
+    real_args, real_kwargs = realize_all(args, kwargs, _READ_NAMES.get(func, info.name))
+    metrics.add("bytes_to_host", sum(a.numel() * a.element_size() for a in real_args if isinstance(a, torch.Tensor)))
+    return func(*real_args, **real_kwargs)
+
+
+_READ_NAMES = {aten._local_scalar_dense.default: ".item()/bool()/float()", aten.equal.default: "torch.equal"}

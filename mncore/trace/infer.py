@@ -1,0 +1,67 @@
+"""Shape inference on meta tensors, cached per op signature (op, non-tensor arguments, input metadata)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mncore.ir.meta import meta_of
+from mncore.ir.values import DEV, OpSig, ScalarMarker, T
+from mncore.trace.state import tracer
+
+
+def _materialize(x: Any, it: Any, sit: Any) -> Any:
+    if x is T:
+        next(it)
+        shape, stride, dtype = next(sit)
+        return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+    tp = type(x)
+    if tp is ScalarMarker:
+        return next(it).value
+    if tp is tuple:
+        return [_materialize(y, it, sit) for y in x]
+    if x is DEV:
+        return torch.device("meta")
+    return x
+
+
+_CUDA_ONLY_META_RULES = frozenset({"_grouped_mm.default", "grouped_mm.default"})
+
+
+class FallbackNeeded(Exception):
+    """Meta inference cannot know the output shape (data-dependent op): run it eagerly."""
+
+
+def _infer(target: Any, targs: tuple, tkw: tuple, inputs: list, sigs: list) -> tuple:
+    it, sit = iter(inputs), iter(sigs)
+    margs = [_materialize(a, it, sit) for a in targs]
+    mkw = {k: _materialize(v, it, sit) for k, v in tkw}
+    try:
+        out = target(*margs, **mkw)
+    except NotImplementedError as e:
+        raise FallbackNeeded(str(e)) from e
+    except RuntimeError as e:
+        msg = str(e)
+        if getattr(target, "__name__", "") in _CUDA_ONLY_META_RULES:
+            raise FallbackNeeded(msg) from e
+        if "data-dependent" in msg or "DataDependent" in msg or "meta tensors" in msg or "Meta" in msg:
+            raise FallbackNeeded(msg) from e
+        raise
+    if isinstance(out, torch.Tensor):
+        return None, (meta_of(out),)
+    if isinstance(out, (tuple, list)):
+        return type(out), tuple(meta_of(o) if isinstance(o, torch.Tensor) else None for o in out)
+    if out is None:
+        return "none", ()
+    raise FallbackNeeded(f"{target} returns a non-tensor value")
+
+
+def signature(target: Any, targs: tuple, tkw: tuple, inputs: list, sigs: list) -> OpSig:
+    """The interned signature of one call; shape inference runs only the first time it is seen."""
+    key = (target, targs, tkw, tuple(sigs))
+    cache = tracer.sig_cache
+    sig = cache.get(key)
+    if sig is None:
+        struct, metas = _infer(target, targs, tkw, inputs, sigs)
+        sig = cache[key] = OpSig(len(cache), key, struct, metas)
+    return sig

@@ -1,0 +1,184 @@
+"""Recording ops: normalise a call's arguments into a template and input values, intern its
+signature, and make the graph node; the values of tensors, uploads and new lazy tensors."""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+
+from mncore.config import require_init, settings
+from mncore.ir import ops as opinfo
+from mncore.ir.meta import TensorMeta, meta_of
+from mncore.ir.targets import MutateFn, Seeded, random_supported
+from mncore.ir.values import DEV, SCALAR_MARKERS, Data, Node, Scalar, Seed, T
+from mncore.observe import metrics
+from mncore.observe.hooks import op_observers
+from mncore.trace import rng
+from mncore.trace.infer import FallbackNeeded, signature
+from mncore.trace.state import tracer
+from mncore.trace.tensor import DEVICE_NAME, LazyTensor, RefArg, Storage
+
+
+def value_of(t: Any) -> tuple:
+    """The traced value (producer, index) of a LazyTensor or RefArg, emitting view ops if needed."""
+    if type(t) is RefArg:
+        return t.ref
+    ch = t.mn_chain
+    st = t.mn_storage
+    if not ch:
+        return st.value
+    token = (st.version, tracer.epoch)
+    vc = t.mn_view_cache
+    if vc is not None and vc[0] == token:
+        return vc[1]
+    ref, meta = st.value, st.meta
+    for op, args, _parent_shape in ch:
+        ref, meta = emit1(op, (RefArg(ref, meta),) + tuple(args), {})
+    t.mn_view_cache = (token, ref)
+    return ref
+
+
+def new_tensor(ref: tuple, meta: TensorMeta) -> LazyTensor:
+    st = Storage(ref, meta)
+    if type(ref[0]) is Node:
+        tracer.pending.add(st)
+    return LazyTensor(meta, st)
+
+
+def from_host(tensor: torch.Tensor) -> LazyTensor:
+    """Upload a host tensor as a new device buffer."""
+    require_init()
+    meta = meta_of(tensor)
+    leaf = Data(meta, tensor.to(settings.exec_device, copy=True))
+    metrics.add("bytes_to_device", tensor.numel() * tensor.element_size())
+    return new_tensor((leaf, 0), meta)
+
+
+def _norm(a: Any, inputs: list, sigs: list, lift: bool) -> Any:
+    """Replace tensors (and liftable floats) by markers; collect their values in order."""
+    tp = type(a)
+    if tp is LazyTensor or tp is RefArg:
+        inputs.append(value_of(a))
+        sigs.append(a.mn_meta)
+        return T
+    if tp is float:
+        if lift:
+            inputs.append(Scalar(a))
+            return SCALAR_MARKERS[float]
+        return a
+    if tp is int or tp is bool or a is None or tp is str:
+        return a
+    if tp is list or tp is tuple:
+        return tuple([_norm(x, inputs, sigs, lift) for x in a])
+    if isinstance(a, torch.Tensor):
+        if isinstance(a, LazyTensor):  # nn.Parameter-flavoured LazyTensor
+            inputs.append(value_of(a))
+            sigs.append(a.mn_meta)
+            return T
+        if a.device.type == "meta":
+            raise RuntimeError("mncore: cannot mix meta tensors with mncore tensors")
+        if tracer.capture is not None:
+            tracer.capture.append(describe_host(a))
+        elif a.dim() != 0:
+            raise RuntimeError(
+                f"Expected all tensors to be on the same device, but found a {a.device} tensor of shape "
+                f"{tuple(a.shape)} mixed with mncore tensors; move it with .to('mncore') first"
+            )
+        meta = meta_of(a)
+        inputs.append((Data(meta, a.to(settings.exec_device, copy=True)), 0))
+        sigs.append(meta)
+        return T
+    if tp is torch.device:
+        return DEV if a.type == DEVICE_NAME else a
+    if tp is torch.Generator:
+        raise NotImplementedError(
+            "mncore: explicit torch.Generator arguments are not supported; use torch.manual_seed "
+            "(mncore draws a reproducible seed per random op)"
+        )
+    if tp is complex:
+        return a
+    return a
+
+
+def describe_host(t: torch.Tensor) -> str:
+    name = t.__dict__.get("_mncore_name")
+    base = t._base
+    if name is None and base is not None and base.__dict__.get("_mncore_name"):
+        return f"{base.__dict__['_mncore_name']} (through a view)"
+    return name or f"tensor(shape={list(t.shape)}, dtype={t.dtype}, device={t.device})"
+
+
+def _norm_call(info: Any, args: tuple, kwargs: dict, inputs: list, sigs: list) -> tuple:
+    lift = info.lift_pos
+    targs = []
+    for i, a in enumerate(args):
+        tp = type(a)
+        if tp is LazyTensor and not a.mn_chain:  # the common case, inlined
+            inputs.append(a.mn_storage.value)
+            sigs.append(a.mn_meta)
+            targs.append(T)
+        elif tp is int or tp is bool or a is None:
+            targs.append(a)
+        else:
+            targs.append(_norm(a, inputs, sigs, i in lift))
+    tkw = tuple([(k, _norm(v, inputs, sigs, k in lift)) for k, v in kwargs.items()]) if kwargs else ()
+    return tuple(targs), tkw
+
+
+def _frame() -> Any:
+    """The first user frame outside torch and mncore (only recorded for MNCORE_DEBUG)."""
+    f = sys._getframe(2)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if "/torch/" not in fn and "/mncore/" not in fn:
+            return (fn, f.f_lineno, f.f_code.co_name)
+        f = f.f_back
+    return None
+
+
+def record(info: Any, target: Any, args: tuple, kwargs: dict) -> Node:
+    """Trace one functional call; returns its node (``node.sig`` holds the output metadata)."""
+    inputs: list = []
+    sigs: list = []
+    targs, tkw = _norm_call(info, args, kwargs, inputs, sigs)
+    sig = signature(target, targs, tkw, inputs, sigs)
+    if op_observers:
+        for observe in op_observers:
+            observe(info.op if not isinstance(target, MutateFn) else target.op, args, kwargs)
+    if info.random:
+        if not random_supported(info.op, info.has_generator):
+            raise FallbackNeeded(f"random op {info.name} has no generator argument")
+        target = _seeded(target, info.op)
+        targs = (SCALAR_MARKERS[int],) + targs
+        inputs.insert(0, Seed(rng.next_seed()))
+    node = Node(target, (targs, tkw), tuple(inputs), sig, _frame() if tracer.record_frames else None)
+    metrics.add("traced_ops")
+    return node
+
+
+_seeded_cache: dict = {}
+
+
+def _seeded(target: Any, op: Any) -> Any:
+    s = _seeded_cache.get(target)
+    if s is None:
+        s = _seeded_cache[target] = Seeded(target, op)
+    return s
+
+
+def emit1(op: Any, args: tuple, kwargs: dict) -> tuple[tuple, TensorMeta]:
+    """Emit a single-output op on internal values; returns (ref, meta)."""
+    node = record(opinfo.info_for(op), op, args, kwargs)
+    return (node, 0), node.sig.metas[0]
+
+
+def wrap(node: Node) -> Any:
+    """The tensor(s) a recorded op returns, shaped like its eager result (one, none or a sequence)."""
+    struct, metas = node.sig.struct, node.sig.metas
+    if struct is None:
+        return new_tensor((node, 0), metas[0])
+    if struct == "none":
+        return None
+    outs = [None if m is None else new_tensor((node, i), m) for i, m in enumerate(metas)]
+    return struct(outs)

@@ -1,0 +1,65 @@
+"""``mncore.init``: attach a device and choose the execution and precision modes for lazy mode."""
+from __future__ import annotations
+
+from mncore import config
+from mncore.config import settings
+from mncore.devices import registry
+from mncore.ir import buffers
+from mncore.trace.state import tracer
+from mncore.trace.sync import sync, wait_device_ops
+
+
+def init(device: str = "mncore2:auto", *, implicit_sync: str | None = None, execution: str | None = None,
+         sim_mode: str | None = None, float_dtype: str | None = None) -> None:
+    """Choose the execution device and modes; a second call syncs and drains pending work first.
+
+    ``implicit_sync``: 'error' | 'warn' (default) | 'silent' (or env ``MNCORE_IMPLICIT_SYNC``).
+    ``execution``: 'async' (default) | 'async_naive' | 'sync' (or env ``MNCORE_EXECUTION``).
+    ``sim_mode`` (emu2/mncore2): 'functional' (default) | 'performance' (or env ``MNCORE_SIM_MODE``).
+    ``float_dtype``: lazy mode's precision policy, 'float' (default) | 'mixed' | 'half' | 'double'
+    (or env ``MNCORE_FLOAT_DTYPE``); the numerics follow it on emu2/mncore2.
+    """
+    dev = registry.parse(device)
+    sim_mode = config.resolve("sim_mode", sim_mode)
+    float_dtype = config.resolve("float_dtype", float_dtype)
+    mode = config.resolve("implicit_sync", implicit_sync)
+    execution = config.resolve("execution", execution)
+    debug = config.get("debug")
+    if settings.device is not None:
+        sync()
+        wait_device_ops()
+    dev = registry.attach(dev)  # a failure leaves the previous device attached
+    if settings.device is not None and dev.exec_device != settings.exec_device:
+        buffers.migrate(lambda t: t.to(dev.exec_device))
+    dev.sim_mode = sim_mode
+    settings.device = dev.name
+    settings.kind = dev.kind
+    settings.exec_device = dev.exec_device
+    settings.simulated = dev.simulated
+    settings.static_shapes = dev.static_shapes
+    settings.sim_mode = sim_mode
+    settings.float_dtype = float_dtype
+    settings.implicit_sync = mode
+    settings.execution = execution
+    settings.debug = debug
+    tracer.record_frames = "recompile" in debug
+
+
+def init_cpu(**kwargs) -> None:
+    """Run graphs with PyTorch CPU kernels (``pfvm:cpu``)."""
+    init("pfvm:cpu", **kwargs)
+
+
+def init_cuda(index: int = 0, **kwargs) -> None:
+    """Run graphs with PyTorch CUDA kernels (``pfvm:cuda:N``)."""
+    init(f"pfvm:cuda:{index}", **kwargs)
+
+
+def init_mncore(**kwargs) -> None:
+    """Run on an MN-Core 2 board (``mncore2:auto``: the first free simulated board)."""
+    init("mncore2:auto", **kwargs)
+
+
+def parse_device(spec: str) -> str:
+    """The canonical name of a device string; ``ValueError`` listing the valid ones when it is not."""
+    return registry.parse(spec).name

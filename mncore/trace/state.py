@@ -1,0 +1,37 @@
+"""The tracer's process-wide state (not thread-local: autograd runs backward on its own thread)."""
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Iterator
+
+from mncore.ir.values import OpSig
+
+
+class Tracer:
+    """Pending storages (graph roots) since the last cut, the cut counter, interned op signatures."""
+
+    def __init__(self) -> None:
+        self.pending: weakref.WeakSet = weakref.WeakSet()
+        self.epoch = 0  # bumped at every graph cut: cached view values of older epochs are stale
+        self.sig_cache: dict[tuple, OpSig] = {}
+        self.record_frames = False
+        self.capture: list | None = None  # Context API tracing: host tensors read become constants
+
+
+tracer = Tracer()
+
+
+@contextlib.contextmanager
+def separate_trace() -> Iterator[list[str]]:
+    """Trace in a scope of its own (the Context API's compile): what is pending outside stays
+    pending and out of this graph; yields the list that collects the host tensors read."""
+    saved_pending = tracer.pending
+    tracer.pending = weakref.WeakSet()
+    tracer.capture = []
+    try:
+        yield tracer.capture
+    finally:
+        tracer.capture = None
+        tracer.pending = saved_pending
+        tracer.epoch += 1

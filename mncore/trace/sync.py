@@ -1,0 +1,84 @@
+"""``sync()``: cut the pending graph of all live lazy tensors, find or compile its executable, submit it.
+
+The graph goes through the same key, cache and executor as the Context API (``graph_for``).
+Lifted scalars and random seeds are inputs, so their values never enter the key.
+"""
+from __future__ import annotations
+
+import weakref
+
+from mncore import cache
+from mncore.config import require_init, settings
+from mncore.devices import registry
+from mncore.execute import Job, executor
+from mncore.graph import collect
+from mncore.ir.values import Data, Node, Scalar
+from mncore.compile.executable import Executable
+from mncore.observe import metrics, timeline
+from mncore.trace.state import tracer
+
+_last_sync_end = [timeline.now()]
+
+
+def graph_for(refs: list[tuple], options: tuple = ()) -> tuple[Executable, list[Data], list[Scalar]]:
+    """Collect the graph computing ``refs``; find or compile its executable; check it fits the device.
+
+    Returns the executable, the Data leaves it reads (in placeholder order) and its lifted
+    scalars (``Scalar`` objects, seeds included). Shared by lazy ``sync()`` and the Context API.
+    """
+    g = collect(refs)
+    policy = dict(options).get("float_dtype", settings.float_dtype)
+    device = registry.active()
+    exe = cache.executable_for(g, device, options, policy, explain="recompile" in settings.debug)
+    device.check_memory(exe)
+    return exe, g.leaves, g.scalars
+
+
+def sync(wait: bool = False, reason: str = "user") -> None:
+    """Cut, compile (or reuse) and submit the pending graph; returns without waiting in async modes."""
+    require_init()
+    executor.raise_errors()
+    t0 = timeline.now()
+    waited = 0.0
+    timeline.record("host", "trace", _last_sync_end[0], t0)
+    storages = [s for s in list(tracer.pending) if type(s.value[0]) is Node]
+    tracer.pending = weakref.WeakSet()
+    tracer.epoch += 1
+    if storages:
+        try:
+            waited = _submit(storages)
+        except BaseException:  # nothing was submitted: keep the graph pending so no value is lost
+            for st in storages:
+                tracer.pending.add(st)
+            raise
+    metrics.add("syncs")
+    t1 = timeline.now()
+    timeline.record("host", f"sync ({reason})", t0, t1)
+    metrics.add("sync_s", t1 - t0 - waited)
+    _last_sync_end[0] = t1
+    if wait:
+        executor.wait_all()
+
+
+def _submit(storages: list) -> float:
+    """Submit the graph computing ``storages``; returns the seconds spent waiting for the worker."""
+    by_ref: dict[tuple, list] = {}
+    for s in storages:
+        by_ref.setdefault((id(s.value[0]), s.value[1]), []).append(s)
+    keys = sorted(by_ref, key=lambda r: (by_ref[r][0].value[0].seq, r[1]))
+    exe, leaves, scalars = graph_for([by_ref[k][0].value for k in keys])
+    out_leaves = []
+    for k in keys:
+        group = by_ref[k]
+        leaf = Data(group[0].meta)
+        leaf.graph = exe.name
+        out_leaves.append(leaf)
+        for s in group:
+            s.value = (leaf, 0)
+            s.version += 1
+    return executor.submit(Job(exe=exe, leaves=leaves, scalars=[s.value for s in scalars], outs=out_leaves))
+
+
+def wait_device_ops() -> None:
+    """Block until all submitted graphs finished; re-raises a worker error naming graph and op."""
+    executor.wait_all()

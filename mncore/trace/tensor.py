@@ -1,0 +1,114 @@
+"""``LazyTensor``: the ``mncore`` device tensor, whose value is a pending graph node or a device buffer.
+
+Attributes: ``mn_meta`` (``TensorMeta``), ``mn_storage`` (the :class:`Storage` all views of one
+base share), ``mn_chain`` (the view ops from the storage's value to this tensor), ``mn_view_cache``
+(the chain's traced value, valid for one storage version and graph epoch) and, on views that
+cannot be written through, ``mn_readonly`` (the op that made them).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mncore.ir.meta import TensorMeta
+
+DEVICE_NAME = "mncore"
+
+
+class Storage:
+    """The value all views of one base tensor share; ``version`` changes on every write."""
+
+    __slots__ = ("value", "version", "meta", "__weakref__")
+
+    def __init__(self, value: tuple, meta: TensorMeta):
+        self.value = value
+        self.version = 0
+        self.meta = meta
+
+
+class RefArg:
+    """A traced value with metadata, usable as an argument when the tracer emits ops itself."""
+
+    __slots__ = ("ref", "mn_meta")
+
+    def __init__(self, ref: tuple, meta: TensorMeta):
+        self.ref = ref
+        self.mn_meta = meta
+
+
+class LazyTensor(torch.Tensor):
+    """A tensor on the ``mncore`` device whose value is a pending graph node or a device buffer."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, meta: TensorMeta, storage: Storage, chain: tuple = (), requires_grad: bool = False):
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, meta.shape, meta.stride, dtype=meta.dtype, device=device(), requires_grad=requires_grad
+        )
+        r.mn_meta = meta
+        r.mn_storage = storage
+        r.mn_chain = chain
+        r.mn_view_cache = None
+        return r
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _dispatch(func, args, kwargs)
+
+    # Host-side conveniences that must not go through the tracer op by op.
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        host = _host.host_value(self, "print()").cpu()
+        body = repr(host.detach())
+        suffix = f", device='{self.device}'"
+        if self.grad_fn is not None:
+            suffix += f", grad_fn=<{type(self.grad_fn).__name__}>"
+        elif self.requires_grad:
+            suffix += ", requires_grad=True"
+        return body[:-1] + suffix + ")" if body.endswith(")") else body
+
+    def tolist(self) -> Any:
+        return _host.host_value(self, ".tolist()").cpu().tolist()
+
+    def numpy(self, *, force: bool = False) -> Any:
+        raise TypeError(
+            f"can't convert {self.device} device type tensor to numpy. "
+            "Use Tensor.cpu() to copy the tensor to host memory first."
+        )
+
+    def __array__(self, dtype: Any = None) -> Any:
+        return self.numpy()
+
+    def __format__(self, spec: str) -> str:
+        if self.dim() == 0:
+            return self.item().__format__(spec)
+        return object.__format__(self, spec)
+
+    def __deepcopy__(self, memo: dict) -> LazyTensor:
+        with torch.no_grad():
+            new = self.clone()
+        new.requires_grad_(self.requires_grad)
+        if getattr(self, "_is_param", False):
+            new._is_param = True
+        memo[id(self)] = new
+        return new
+
+    def __reduce_ex__(self, proto: int) -> Any:
+        # Pickling (torch.save) stores the host value; it loads back as a CPU tensor.
+        return self.cpu().__reduce_ex__(proto)
+
+
+_device_obj: list[torch.device] = []
+
+
+def device() -> torch.device:
+    """``torch.device('mncore', 0)``, created once (after the backend is registered)."""
+    if not _device_obj:
+        _device_obj.append(torch.device(DEVICE_NAME, 0))
+    return _device_obj[0]
+
+
+# The handlers use LazyTensor, so they are imported after it (mncore/trace/__init__ imports this module first).
+from mncore.trace import host as _host  # noqa: E402
+from mncore.trace.dispatch import dispatch as _dispatch  # noqa: E402
