@@ -95,33 +95,33 @@ def _knob(field_: str, default: Any, parse: Callable[[str], Any], read: str, doc
 
 KNOBS: tuple[Knob, ...] = (
     _knob("implicit_sync", "warn", _choice(IMPLICIT_SYNC_MODES), "init",
-          "what a host read of a pending value does", " | ".join(IMPLICIT_SYNC_MODES)),
+          "what a host read of a pending value does", ", ".join(IMPLICIT_SYNC_MODES)),
     _knob("execution", "async", _choice(EXECUTION_MODES), "init",
-          "how sync() hands graphs to the worker", " | ".join(EXECUTION_MODES)),
+          "how sync() hands graphs to the worker", ", ".join(EXECUTION_MODES)),
     _knob("sim_mode", "functional", _choice(SIM_MODES), "init",
-          "emu2/mncore2: compute values, or only model time", " | ".join(SIM_MODES)),
+          "emu2/mncore2: compute values, or only model time", ", ".join(SIM_MODES)),
     _knob("float_dtype", "float", _choice(PRECISION_POLICIES), "init",
-          "lazy mode's precision policy", " | ".join(PRECISION_POLICIES)),
+          "lazy mode's precision policy", ", ".join(PRECISION_POLICIES)),
     _knob("debug", frozenset(), _debug, "init", "debug output (recompile: explain every recompile)",
           "comma-separated: " + ", ".join(DEBUG_FLAGS)),
     _knob("cache_size", 1024, _number(int, 1, "a positive integer"), "each compile",
           "executables kept in the in-memory LRU", "integer >= 1"),
     _knob("cache_dir", None, _path, "each compile", "persistent compile cache directory (unset: none)", "a directory"),
     _knob("cache_readonly", False, _flag, "each compile",
-          "read the disk cache, never write to it", "0 | 1"),
+          "read the disk cache, never write to it", "0, 1"),
     _knob("codegen_dir", None, _path, "each compile", "lazy mode: write one codegen directory per graph here",
           "a directory"),
     _knob("codegen_onnx", False, _flag, "each compile",
-          "also export model.onnx into codegen directories (onnx extra)", "0 | 1"),
+          "also export model.onnx into codegen directories (onnx extra)", "0, 1"),
     _knob("sim_boards", 1, _number(int, 1, "a positive integer"), "init",
           "number of simulated MN-Core 2 boards on this host", "integer >= 1"),
     _knob("sim_dram_bytes", None, _number(int, 1, "a positive number of bytes"),
-          "each compile and submission", "simulated board DRAM (unset: hardware.json's 16 GiB)", "bytes > 0"),
+          "each graph cut", "simulated board DRAM (unset: hardware.json's 16 GiB)", "bytes > 0"),
     _knob("sim_costs", None, _path, "each compile", "an edited copy of the cost model's costs.json", "a file"),
     _knob("lock_timeout", 600.0, _number(float, 0.0, "a non-negative number of seconds"),
           "init and each compile", "seconds to wait for a board lock or a cache entry's compile lock",
           "seconds >= 0"),
-    _knob("runtime_dir", None, _path, "init", "board lock files (unset: <tmp>/mncore-<uid>)", "a directory"),
+    _knob("runtime_dir", None, _path, "init", "board lock files (unset: `$TMPDIR/mncore-$UID`)", "a directory"),
     _knob("optest_sample", 0, _number(int, 0, "a non-negative integer"),
           "test collection", "generated op tests: deterministic sample of N rows (0: all)", "integer >= 0"),
 )
@@ -233,9 +233,11 @@ def markdown_table() -> str:
     """The knob table as Markdown (the README holds a copy that a test compares with this)."""
     rows = ["| variable | default | allowed | read | what |", "| --- | --- | --- | --- | --- |"]
     for k in KNOBS:
-        default = "unset" if k.default is None else ("" if k.default == frozenset() else k.default)
-        default = {False: "0", True: "1"}.get(default, default) if isinstance(default, bool) else default
-        rows.append(f"| `{k.env}` | {f'`{default}`' if default != '' else 'empty'} | {k.allowed} | {k.read} | {k.doc} |")
+        if k.default is None or k.default == frozenset():
+            default = "unset"
+        else:
+            default = f"`{int(k.default) if isinstance(k.default, bool) else k.default}`"
+        rows.append(f"| `{k.env}` | {default} | {k.allowed} | {k.read} | {k.doc} |")
     return "\n".join(rows)
 
 

@@ -13,11 +13,8 @@ import pytest  # noqa: E402
 import mncore  # noqa: E402
 from mncore.context import Context, MNDevice  # noqa: E402
 
-# Settings the simulator tests must not inherit from the environment they run in.
-SIM_ENV_VARS = ("MNCORE_SIM_BOARDS", "MNCORE_LOCK_TIMEOUT", "MNCORE_SIM_DRAM_BYTES", "MNCORE_SIM_MODE",
-                "MNCORE_FLOAT_DTYPE", "MNCORE_CACHE_DIR", "MNCORE_CACHE_READONLY", "MNCORE_CODEGEN_DIR",
-                "MNCORE_CODEGEN_ONNX", "MNCORE_SIM_COSTS", "MNCORE_EXECUTION", "MNCORE_IMPLICIT_SYNC",
-                "MNCORE_DEBUG")
+# Settings the simulator tests must not inherit from the environment they run in: every knob.
+SIM_ENV_VARS = tuple(k.env for k in mncore.config.KNOBS if k.field != "optest_sample")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

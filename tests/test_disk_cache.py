@@ -92,7 +92,7 @@ def _in_this_process(env, tmp_path: Path) -> dict:
 
 
 def test_processes_share_the_disk_cache(env, tmp_path):
-    barrier = {"MNCORE_TEST_BARRIER": str(tmp_path / "barrier"), "MNCORE_TEST_BARRIER_N": "2"}
+    barrier = {"CACHE_PROG_BARRIER": str(tmp_path / "barrier"), "CACHE_PROG_BARRIER_N": "2"}
     first = [_start(tmp_path, "a", **barrier), _start(tmp_path, "b", **barrier)]
     a, b = (_result(p) for p in first)
     c = _in_this_process(env, tmp_path)

@@ -5,7 +5,7 @@ step, 3 calls) on ``emu2``. The lazy part uses ``MNCORE_CACHE_DIR`` from the env
 Context part ``CacheOptions(argv[2])``. Prints one JSON line: the metric deltas of each part,
 the names of the graphs each part needed, the losses and the final parameters.
 
-``MNCORE_TEST_BARRIER=DIR`` and ``MNCORE_TEST_BARRIER_N=N`` make N processes wait for each
+``CACHE_PROG_BARRIER=DIR`` and ``CACHE_PROG_BARRIER_N=N`` make N processes wait for each
 other before each part, so that they need the same graphs at the same moment.
 """
 from __future__ import annotations
@@ -28,10 +28,10 @@ COUNTERS = ("compiles", "disk_cache_hits", "disk_cache_misses", "disk_cache_corr
 
 
 def barrier(name: str) -> None:
-    root = os.environ.get("MNCORE_TEST_BARRIER")
+    root = os.environ.get("CACHE_PROG_BARRIER")
     if not root:
         return
-    n = int(os.environ.get("MNCORE_TEST_BARRIER_N", "1"))
+    n = int(os.environ.get("CACHE_PROG_BARRIER_N", "1"))
     d = pathlib.Path(root) / name
     d.mkdir(parents=True, exist_ok=True)
     (d / str(os.getpid())).touch()
