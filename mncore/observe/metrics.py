@@ -50,6 +50,14 @@ def _new_accumulator() -> dict[str, float]:
     return acc
 
 
+def accumulator() -> dict[str, float]:
+    """This thread's accumulator: hot paths add to it directly (``accumulator()["trace_s"] += dt``)."""
+    try:
+        return _tls.values
+    except AttributeError:
+        return _new_accumulator()
+
+
 def add(name: str, amount: float = 1) -> None:
     """Add ``amount`` to counter or timing ``name`` (a KeyError names an undeclared metric)."""
     try:

@@ -1,7 +1,7 @@
 """Dispatch: which handler traces each aten op, chosen once per op from its schema facts.
 
-``dispatch`` is ``LazyTensor.__torch_dispatch__``; it also counts the time spent in mncore's
-tracer (``trace_s``). Factories with ``device='mncore'`` and no tensor argument reach the
+``LazyTensor.__torch_dispatch__`` looks the handler up in ``routes`` (filled by ``route``, once per
+op) and counts the time spent in mncore's tracer (``trace_s``). Factories with ``device='mncore'`` and no tensor argument reach the
 PrivateUse1 kernels made by ``factory`` instead.
 """
 from __future__ import annotations
@@ -108,15 +108,17 @@ def _unsupported(what: str):
     return handler
 
 
-_NO_KWARGS: dict = {}
+NO_KWARGS: dict = {}
 
 
-_dispatch_cache: dict = {}
+routes: dict = {}
 
 
-def _route(func: Any) -> tuple:
+def route(func: Any) -> tuple:
+    """(op facts, handler) of ``func``, remembered in ``routes``."""
     info = opinfo.info_for(func)
-    return info, _SPECIAL.get(func) or _HANDLERS[info.kind]
+    hit = routes[func] = (info, _SPECIAL.get(func) or _HANDLERS[info.kind])
+    return hit
 
 
 def _restride_same_shape(self: LazyTensor, stride: list, offset: int) -> LazyTensor:
@@ -201,14 +203,3 @@ def factory(func: Any):
 
     return kernel
 
-
-def dispatch(func: Any, args: tuple, kwargs: dict | None) -> Any:
-    """Route ``func`` to its handler (cached per op) and count the time as ``trace_s``."""
-    t0 = perf_counter()
-    try:
-        hit = _dispatch_cache.get(func)
-        if hit is None:
-            hit = _dispatch_cache[func] = _route(func)
-        return hit[1](hit[0], func, args, kwargs or _NO_KWARGS)
-    finally:
-        metrics.add("trace_s", perf_counter() - t0)

@@ -153,7 +153,7 @@ def record(info: Any, target: Any, args: tuple, kwargs: dict) -> Node:
         targs = (SCALAR_MARKERS[int],) + targs
         inputs.insert(0, Seed(rng.next_seed()))
     node = Node(target, (targs, tkw), tuple(inputs), sig, _frame() if tracer.record_frames else None)
-    metrics.add("traced_ops")
+    metrics.accumulator()["traced_ops"] += 1
     return node
 
 

@@ -7,11 +7,13 @@ cannot be written through, ``mn_readonly`` (the op that made them).
 """
 from __future__ import annotations
 
+from time import perf_counter
 from typing import Any
 
 import torch
 
 from mncore.ir.meta import TensorMeta
+from mncore.observe.metrics import accumulator as _accumulator
 
 DEVICE_NAME = "mncore"
 
@@ -55,7 +57,15 @@ class LazyTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _dispatch(func, args, kwargs)
+        # Inlined (the hot path of every traced op): route once per op, count the time as trace_s.
+        t0 = perf_counter()
+        try:
+            hit = _routes.get(func)
+            if hit is None:
+                hit = _route(func)
+            return hit[1](hit[0], func, args, kwargs or _NO_KWARGS)
+        finally:
+            _accumulator()["trace_s"] += perf_counter() - t0
 
     # Host-side conveniences that must not go through the tracer op by op.
     def __repr__(self, *, tensor_contents: Any = None) -> str:
@@ -111,4 +121,4 @@ def device() -> torch.device:
 
 # The handlers use LazyTensor, so they are imported after it (mncore/trace/__init__ imports this module first).
 from mncore.trace import host as _host  # noqa: E402
-from mncore.trace.dispatch import dispatch as _dispatch  # noqa: E402
+from mncore.trace.dispatch import NO_KWARGS as _NO_KWARGS, route as _route, routes as _routes  # noqa: E402
