@@ -104,13 +104,16 @@ def _run(args: argparse.Namespace) -> int:
     meta = tiers.metadata(args.tier, args.steps)
     print(f"harness: tier {args.tier}: {len(todo)} model configs x {len(backends)} backend(s), {args.steps} steps "
           f"each -> {out}", flush=True)
+    from harness.results import write_results
+
     rows = tiers.run_models(todo, backends, args.steps, out, jobs=args.jobs, timeout=args.timeout)
-    jsonl, csv = tiers.write_results(rows, out, meta)
-    print(tiers.summary_table(rows))
+    files = write_results(rows, out, meta, stamp=True)
+    records = [r.to_json() for r in rows]
+    print(tiers.summary_table(records))
     problems: list[str] = []
     refresh = f"harness run --tier {args.tier} --update-expected" + (f" --backend {args.backend}" if args.backend else "")
     for b in backends:
-        b_rows = [r for r in rows if r["backend"] == b]
+        b_rows = [r for r in records if r["backend"] == b]
         if args.update_expected:
             for path in tiers.write_expected(b_rows, args.tier, b):
                 print(f"wrote {path.relative_to(tiers.ROOT)}")
@@ -121,8 +124,8 @@ def _run(args: argparse.Namespace) -> int:
         problems += found
         for line in tiers.perf_report(b_rows, tiers.perf_path(args.tier, b)):
             print("perf: " + line)
-    (out / "summary.md").write_text(tiers.markdown_summary(rows, meta, problems))
-    print(f"results: {jsonl} and {csv}; summary: {out / 'summary.md'}")
+    (out / "summary.md").write_text(tiers.markdown_summary(records, meta, problems))
+    print(f"results: {files.jsonl} and {files.csv}; summary: {out / 'summary.md'}")
     if problems:
         print("expected-results mismatches (regressions and unexpected improvements):", file=sys.stderr)
         for p in problems:

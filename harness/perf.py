@@ -34,22 +34,20 @@ import gc
 import inspect
 import json
 import os
-import platform
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
 import warnings
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-PYTHON = sys.executable
+from harness.cells import CellRunner, Job, Outcome
+from reports.schema import Measurement, PerfRow
+
 EXECUTIONS = ("sync", "async_naive", "async")
 MEASURED = "measured wall time"
 MODELLED = "modelled device time, measured host time"
@@ -236,9 +234,10 @@ def _counters_delta(c0: dict, c1: dict, n: int) -> dict[str, Any]:
 
 def _effective_sim_mode() -> str | None:
     """The simulator mode the runtime actually ran in (None on pfvm devices)."""
-    from mncore.runtime.state import settings
+    import mncore
 
-    return getattr(settings, "sim_mode", None) if getattr(settings, "simulated", False) else None
+    settings = mncore.config.current()
+    return settings.sim_mode if settings.simulated else None
 
 
 def _value(read: Any) -> float | None:
@@ -271,7 +270,7 @@ def _run_timed(step: Any, steps: int, warmup: int) -> tuple[dict, Any]:
     """``warmup`` untimed calls of ``step(i)``, then ``steps`` timed ones; returns the timeline analysis
     of the timed steps (with counters and warm-up figures) and the last step's result."""
     import mncore
-    from mncore.runtime import timeline
+    from mncore import profile
 
     w0 = mncore.metrics.counters()
     t = time.perf_counter()
@@ -281,16 +280,16 @@ def _run_timed(step: Any, steps: int, warmup: int) -> tuple[dict, Any]:
     mncore.wait_device_ops()
     warm_s = time.perf_counter() - t
     w1 = mncore.metrics.counters()
-    timeline.clear()
+    profile.clear()
     c0 = mncore.metrics.counters()
-    bounds = [timeline.now()]
+    bounds = [profile.now()]
     for i in range(steps):
         last = step(warmup + i)
         if i == steps - 1:
             mncore.wait_device_ops()
-        bounds.append(timeline.now())
+        bounds.append(profile.now())
     c1 = mncore.metrics.counters()
-    events = timeline.events()
+    events = profile.events()
     res = analyse(events, bounds)
     res.update(_counters_delta(c0, c1, steps))
     res.update(sim_mode_effective=_effective_sim_mode(), warmup=warmup, warmup_s=warm_s,
@@ -303,7 +302,6 @@ def measure_lazy(spec: Any, config: str, backend: Backend, *, execution: str = "
     """Lazy mode: the runner's step (``model_zoo.train_step`` + ``mncore.sync()``), timed after warm-up."""
     import mncore
     import model_zoo
-    from mncore.runtime import timeline
 
     init_backend(backend, execution)
     model = _fresh(template, spec, config, seed).to("mncore")
@@ -319,7 +317,7 @@ def measure_lazy(spec: Any, config: str, backend: Backend, *, execution: str = "
     res.update(api="lazy", execution=execution, loss=_value(lambda: loss.detach().cpu()),
                time_kind=time_kind(backend, res["device_time_kinds"]))
     if trace_path is not None:
-        timeline.export_chrome_trace(trace_path)
+        mncore.profile.export_chrome_trace(trace_path)
     gc.collect()
     return res
 
@@ -327,8 +325,6 @@ def measure_lazy(spec: Any, config: str, backend: Backend, *, execution: str = "
 def measure_context(spec: Any, config: str, backend: Backend, *, execution: str = "async", steps: int = 5,
                     warmup: int = 2, seed: int = 0, template: Any = None) -> dict:
     """Context API: the runner's compiled step (registered params/buffers/optimizer state), timed."""
-    from mncore.context import Context
-
     from harness.runner import context_step
 
     init_backend(backend, execution)
@@ -345,61 +341,62 @@ def measure_context(spec: Any, config: str, backend: Backend, *, execution: str 
     res.update(api="context", execution=execution, context_compile_s=compile_s, loss=_value(lambda: out["loss"].item()),
                time_kind=time_kind(backend, res["device_time_kinds"]))
     try:  # write back and release this context's device values
-        Context.switch_context(Context(_mndevice(backend)))
+        ctx.release()
     except Exception:  # noqa: BLE001 - e.g. a performance-mode simulator keeps no values to write back
-        ctx._values.clear()
+        ctx.release(write_back=False)
     gc.collect()
     return res
 
 
 # -- cells (one model on one backend, in a child process) -------------------------------------------
-SCALARS = ("intervals", "step_ms", "step_ms_min", "step_ms_max", "step_ms_mean", "trace_ms", "trace_ms_min", "trace_ms_max",
-           "device_ms", "device_ms_min", "device_ms_max", "idle_ms", "idle_ms_min", "idle_ms_max", "util",
-           "util_min", "util_max", "dispatch_ms", "sync_ms", "wait_ms", "compile_ms", "execute_ms",
-           "modelled_device_ms", "device_span_ms", "pipeline_step_ms", "pipeline_trace_ms", "pipeline_device_ms",
-           "pipeline_ratio", "compiles", "graphs_per_step", "traced_ops_per_step", "implicit_syncs_per_step",
-           "warmup_compile_s", "context_compile_s", "loss", "sim_mode_effective")
-
-
-def _flat(res: dict, prefix: str = "") -> dict:
-    return {f"{prefix}{k}": res[k] for k in SCALARS if k in res}
-
-
-def _base_row(cell: dict, backend: Backend) -> dict:
-    import model_zoo
-
-    spec = model_zoo.get(cell["model"])
-    cfg = spec.config(cell["config"])
-    row = {"report": cell["report"], "model": cell["model"], "config": cell["config"], "backend": backend.label,
-           "device": backend.device, "sim_mode": backend.sim_mode, "batch": spec.batch_sizes[cell["config"]],
-           "steps": cell["steps"], "warmup": cell["warmup"], "status": "ok", "reason": ""}
-    if "width" in cfg:
-        row["width"] = cfg["width"]
-    return row
-
-
-def _check_mode(row: dict, backend: Backend, results: Any) -> None:
-    """Say so in the row when the runtime did not run in the simulator mode that was asked for."""
-    got = {r.get("sim_mode_effective") for r in results} - {backend.sim_mode}
-    if backend.sim_mode is not None and got:
-        row["warning"] = f"asked for sim_mode={backend.sim_mode}, the runtime ran in {sorted(map(str, got))}"
-
-
 APIS = ("context", "lazy")
 
 
-def finish_compare(row: dict, backend: Backend) -> dict:
-    """The lazy/Context ratio and the lazy step's bound, from the prefixed fields of both APIs."""
-    row["time_kind"] = row.get("lazy_time_kind") or row.get("context_time_kind") or time_kind(backend, [])
-    if "lazy_trace_ms" in row:
-        row.update(trace_ms=row["lazy_trace_ms"], device_ms=row["lazy_device_ms"],
-                   bound="trace-bound" if row["lazy_trace_ms"] > row["lazy_device_ms"] else "device-bound")
-    if row.get("context_step_ms", 0) > 0 and "lazy_step_ms" in row:
-        row["ratio"] = row["lazy_step_ms"] / row["context_step_ms"]
+def _stub_row(cell: dict, backend: Backend, status: str, reason: str) -> PerfRow:
+    """The row of a cell that measured nothing (backend unavailable, child crashed or timed out)."""
+    return PerfRow(report=cell["report"], model=cell["model"], config=cell["config"], backend=backend.label,
+                   device=backend.device, sim_mode=backend.sim_mode, steps=cell["steps"], warmup=cell["warmup"],
+                   status=status, reason=reason, time_kind=time_kind(backend, []))
+
+
+def _base_row(cell: dict, backend: Backend) -> PerfRow:
+    import model_zoo
+
+    spec = model_zoo.get(cell["model"])
+    row = _stub_row(cell, backend, "ok", "")
+    row.batch = spec.batch_sizes[cell["config"]]
+    row.width = spec.config(cell["config"]).get("width")
     return row
 
 
-def run_cell(cell: dict, artifacts: Path | None = None) -> list[dict]:
+def _check_mode(row: PerfRow, backend: Backend, results: Any) -> None:
+    """Say so in the row when the runtime did not run in the simulator mode that was asked for."""
+    got = {r.get("sim_mode_effective") for r in results} - {backend.sim_mode}
+    if backend.sim_mode is not None and got:
+        row.warning = f"asked for sim_mode={backend.sim_mode}, the runtime ran in {sorted(map(str, got))}"
+
+
+def _bound(trace_ms: float, device_ms: float) -> str:
+    return "trace-bound" if trace_ms > device_ms else "device-bound"
+
+
+def finish_compare(row: PerfRow, backend: Backend) -> PerfRow:
+    """The lazy/Context ratio and the lazy step's bound, from the prefixed fields of both APIs."""
+    row.time_kind = row.lazy_time_kind or row.context_time_kind or time_kind(backend, [])
+    lazy, context = row.lazy, row.context
+    if lazy.trace_ms is not None:
+        row.window.trace_ms, row.window.device_ms = lazy.trace_ms, lazy.device_ms
+        row.bound = _bound(lazy.trace_ms, lazy.device_ms)
+    if (context.step_ms or 0) > 0 and lazy.step_ms is not None:
+        row.ratio = lazy.step_ms / context.step_ms
+    return row
+
+
+def _error(row: PerfRow, reason: str) -> None:
+    row.status, row.reason, row.traceback = "error", reason, traceback.format_exc()[-2000:]
+
+
+def run_cell(cell: dict, artifacts: Path | None = None) -> list[PerfRow]:
     """Measure one cell in this process. ``cell``: report, model, config, backend, sim_mode, steps, warmup,
     and ``kind``: 'compare' (the ``apis`` asked for, default Context then lazy, in ``execution``: one row,
     with the ratio when both ran) or 'modes' (lazy in each of ``executions``, one row each, with
@@ -409,174 +406,116 @@ def run_cell(cell: dict, artifacts: Path | None = None) -> list[dict]:
     backend = Backend(cell["backend"], cell.get("sim_mode"))
     spec = model_zoo.get(cell["model"])
     steps, warmup = int(cell["steps"]), int(cell["warmup"])
-    why = None
     try:
         init_backend(backend, "async")
     except (ValueError, TypeError) as e:
-        why = f"unavailable: {e}"
-    if why:
-        return [{**_base_row(cell, backend), "status": "unavailable", "reason": why}]
+        row = _base_row(cell, backend)
+        row.status, row.reason = "unavailable", f"unavailable: {e}"
+        return [row]
     from harness.runner import disable_dropout
 
     template = disable_dropout(spec.build(cell["config"], seed=0))
     rows = []
     if cell["kind"] == "compare":
         row = _base_row(cell, backend)
-        row["execution"] = cell.get("execution", "async")
+        row.execution = cell.get("execution", "async")
         results = {}
         for api in cell.get("apis", APIS):
             fn = measure_context if api == "context" else measure_lazy
             try:
-                results[api] = fn(spec, cell["config"], backend, execution=row["execution"], steps=steps,
+                results[api] = fn(spec, cell["config"], backend, execution=row.execution, steps=steps,
                                   warmup=warmup, template=template)
-                row.update(_flat(results[api], f"{api}_"), **{f"{api}_time_kind": results[api]["time_kind"]})
             except Exception as e:  # noqa: BLE001 - the row records it
-                row.update(status="error", reason=f"{api}: {type(e).__name__}: {str(e)[:400]}",
-                           traceback=traceback.format_exc()[-2000:])
+                _error(row, f"{api}: {type(e).__name__}: {str(e)[:400]}")
+                continue
+            setattr(row, api, Measurement.pick(results[api]))
+            setattr(row, f"{api}_time_kind", results[api]["time_kind"])
         _check_mode(row, backend, results.values())
         rows.append(finish_compare(row, backend))
     else:
         for execution in cell.get("executions", EXECUTIONS):
-            row = {**_base_row(cell, backend), "api": "lazy", "execution": execution}
+            row = _base_row(cell, backend)
+            row.api, row.execution = "lazy", execution
             name = f"{cell['model']}_{backend.slug}_{execution}"
             trace_path = artifacts / "traces" / f"{name}.trace.json" if artifacts else None
             try:
                 res = measure_lazy(spec, cell["config"], backend, execution=execution, steps=steps, warmup=warmup,
                                    template=template, trace_path=trace_path)
             except Exception as e:  # noqa: BLE001 - the row records it
-                row.update(status="error", reason=f"{type(e).__name__}: {str(e)[:400]}",
-                           traceback=traceback.format_exc()[-2000:], time_kind=time_kind(backend, []))
+                _error(row, f"{type(e).__name__}: {str(e)[:400]}")
                 rows.append(row)
                 continue
             _check_mode(row, backend, [res])
-            row.update(_flat(res), time_kind=res["time_kind"], per_step=res["per_step"],
-                       bound="trace-bound" if res["trace_ms"] > res["device_ms"] else "device-bound")
+            row.window, row.time_kind, row.per_step = Measurement.pick(res), res["time_kind"], res["per_step"]
+            row.bound = _bound(res["trace_ms"], res["device_ms"])
             if artifacts:
                 tl = artifacts / "timelines" / f"{name}.json"
                 tl.parent.mkdir(parents=True, exist_ok=True)
                 tl.write_text(json.dumps(res["timeline"]))
-                row["timeline_file"] = str(tl.relative_to(artifacts))
-                row["chrome_trace"] = str(trace_path.relative_to(artifacts))
+                row.timeline_file = str(tl.relative_to(artifacts))
+                row.chrome_trace = str(trace_path.relative_to(artifacts))
             rows.append(row)
     return rows
 
 
-def _run_child(cell: dict, part: Path, out: Path, env: dict, timeout: int, backend: Backend) -> list[dict]:
-    """One cell in a child process (``python -m harness.perf``); a crash or timeout is a row too."""
-    log_path = part.with_suffix(".log")
-    cmd = [PYTHON, "-m", "harness.perf", "--cell", json.dumps(cell), "--artifacts", str(out), "--out", str(part)]
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            rc = None
-    base = {"report": cell["report"], "model": cell["model"], "config": cell["config"], "backend": backend.label,
-            "device": backend.device, "sim_mode": backend.sim_mode, "steps": cell["steps"],
-            "warmup": cell["warmup"], "time_kind": time_kind(backend, [])}
-    if rc is None:
-        return [{**base, "status": "timeout", "reason": f"no result after {timeout}s"}]
-    if part.exists():
-        return json.loads(part.read_text())
-    tail = log_path.read_text()[-600:].strip()
-    status = "oom" if rc in (-9, 137) or "out of memory" in tail.lower() else "error"
-    return [{**base, "status": status, "reason": f"child exited {rc}: {tail[-400:]}"}]
-
-
-def _merge_compare(halves: list[list[dict]], backend: Backend) -> dict:
+def _merge_compare(halves: list[list[PerfRow]], backend: Backend) -> PerfRow:
     """The Context and lazy halves of a compare cell as one row (the first failure decides its status)."""
     row: dict = {}
     for (half,) in halves:
-        bad = half.get("status") not in (None, "ok")
-        keep = {k: v for k, v in half.items() if k not in ("status", "reason") or bad}
+        record = half.to_json()
+        bad = record["status"] != "ok"
+        keep = {k: v for k, v in record.items() if k not in ("status", "reason") or bad}
         if bad and row.get("status") not in (None, "ok"):
             keep.pop("status", None)
-            keep["reason"] = f"{row['reason']}; {half.get('reason', '')}"
+            keep["reason"] = f"{row['reason']}; {record['reason']}"
         row.update(keep)
     row.setdefault("status", "ok")
     row.setdefault("reason", "")
-    return finish_compare(row, backend)
+    return finish_compare(PerfRow.from_json(row, where=f"{row['model']} on {backend.label}"), backend)
 
 
-def run_cells(cells: list[dict], out: Path, timeout: int = 1200, desc: str = "report") -> list[dict]:
-    """Run each cell in a child process (``python -m harness.perf``); every cell yields rows, even on a crash."""
-    from harness.progress import Progress
+def _jobs(i: int, cell: dict, backend: Backend, out: Path) -> list[Job]:
+    """The child processes of a cell: one per API for a compare cell (the first big measurement in a
+    fresh process pays page faults the second one would not, which biased the ratio), else one."""
+    stem = f"{i:02d}_{cell['model']}_{backend.slug}"
+    halves = [({**cell, "apis": [api]}, f"{stem}_{api}", f" ({api})") for api in APIS] \
+        if cell["kind"] == "compare" else [(cell, stem, "")]
+    return [Job(f"{cell['model']} on {backend.label}{what}", "harness.perf",
+                ("--cell", json.dumps(c), "--artifacts", str(out), "--out", str(out / "cells" / f"{name}.json")),
+                out / "cells" / f"{name}.json")
+            for c, name, what in halves]
 
-    out.mkdir(parents=True, exist_ok=True)
-    parts = out / "cells"
-    parts.mkdir(exist_ok=True)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", PYTHONPATH=str(ROOT))
-    bar = Progress(len(cells), desc)
-    rows: list[dict] = []
+
+def run_cells(cells: list[dict], out: Path, timeout: int = 1200, desc: str = "report") -> list[PerfRow]:
+    """Run each cell in child processes (``python -m harness.perf``); every cell yields rows, even on a crash."""
+    planned = [(cell, Backend(cell["backend"], cell.get("sim_mode"))) for cell in cells]
+    planned_jobs = [_jobs(i, cell, backend, out) for i, (cell, backend) in enumerate(planned)]
+    rows: list[PerfRow] = []
     unavailable: dict[str, str] = {}
-    for i, cell in enumerate(cells):
-        backend = Backend(cell["backend"], cell.get("sim_mode"))
-        if backend.label in unavailable:  # init failed once: no child per model for the same answer
-            rows.append({"report": cell["report"], "model": cell["model"], "config": cell["config"],
-                         "backend": backend.label, "device": backend.device, "sim_mode": backend.sim_mode,
-                         "steps": cell["steps"], "warmup": cell["warmup"], "status": "unavailable",
-                         "reason": unavailable[backend.label], "time_kind": time_kind(backend, [])})
-            bar.step(f"{cell['model']} on {backend.label}: unavailable")
-            continue
-        t0 = time.monotonic()
-        if cell["kind"] == "compare":
-            # one process per API: the first big measurement in a fresh process pays page faults
-            # the second one would not, which biased the ratio
-            halves = [_run_child({**cell, "apis": [api]}, parts / f"{i:02d}_{cell['model']}_{backend.slug}_{api}.json",
-                                 out, env, timeout, backend) for api in APIS]
-            got = [_merge_compare(halves, backend)]
-        else:
-            got = _run_child(cell, parts / f"{i:02d}_{cell['model']}_{backend.slug}.json", out, env, timeout, backend)
-        elapsed = time.monotonic() - t0
-        for r in got:
-            r["cell_wall_s"] = round(elapsed, 1)
-            if r.get("status") == "unavailable":
-                unavailable[backend.label] = r["reason"]
-        rows += got
-        bar.step(f"{cell['model']} on {backend.label}: {', '.join(sorted({r['status'] for r in got}))} "
-                 f"({elapsed:.0f}s)")
-    bar.close()
+
+    def child_rows(o: Outcome, cell: dict, backend: Backend) -> list[PerfRow]:
+        if o.kind == "result":
+            return [PerfRow.from_json(r, where=str(o.job.result)) for r in json.loads(o.job.result.read_text())]
+        return [_stub_row(cell, backend, "error" if o.kind == "crash" else o.kind, o.reason)]
+
+    with CellRunner(sum(map(len, planned_jobs)), desc, timeout=timeout) as runner:
+        for (cell, backend), jobs in zip(planned, planned_jobs):
+            if backend.label in unavailable:  # init failed once: no child per model for the same answer
+                rows.append(_stub_row(cell, backend, "unavailable", unavailable[backend.label]))
+                for job in jobs:
+                    runner.skip(f"{job.label}: unavailable")
+                continue
+            t0 = time.monotonic()
+            halves = runner.run(jobs, lambda o: child_rows(o, cell, backend),
+                                status=lambda got: ", ".join(sorted({r.status for r in got})))
+            got = [_merge_compare(halves, backend)] if cell["kind"] == "compare" else halves[0]
+            wall_s = round(time.monotonic() - t0, 1)
+            for r in got:
+                r.cell_wall_s = wall_s
+                if r.status == "unavailable":
+                    unavailable[backend.label] = r.reason
+            rows += got
     return rows
-
-
-# -- provenance and results files -----------------------------------------------------------------
-def provenance() -> dict[str, Any]:
-    """Where and with what the numbers were made (git commit, torch, machine, load)."""
-    import torch
-
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=20).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    return {"commit": commit + ("+dirty" if dirty else ""), "torch": torch.__version__,
-            "python": platform.python_version(), "platform": platform.platform(),
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores", "cores": os.cpu_count(),
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
-            "when": datetime.now().isoformat(timespec="seconds"), "loadavg_start": list(os.getloadavg())}
-
-
-def write_results(rows: list[dict], out: Path, meta: dict) -> tuple[Path, Path, Path]:
-    """Machine-readable first: ``results.jsonl`` (every field), ``results.csv`` (scalars), ``meta.json``."""
-    import pandas as pd
-
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {**meta, "loadavg_end": list(os.getloadavg())}
-    jsonl = out / "results.jsonl"
-    with jsonl.open("w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    flat = pd.DataFrame([{k: v for k, v in r.items() if not isinstance(v, (list, dict)) and k != "traceback"}
-                         for r in rows])
-    csv = out / "results.csv"
-    flat.to_csv(csv, index=False)
-    (out / "meta.json").write_text(json.dumps(meta, indent=1))
-    return jsonl, csv, out / "meta.json"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -592,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     import mncore  # noqa: F401  (register the device before autograd's engine starts)
 
     rows = run_cell(json.loads(a.cell), a.artifacts)
-    text = json.dumps(rows)
+    text = json.dumps([r.to_json() for r in rows])
     if a.out:
         a.out.write_text(text)
     else:

@@ -7,13 +7,17 @@ The lazy pass also counts the implicit syncs a steady-state training step causes
 """
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harness.cells import CellRunner, Job, Outcome
+
+if TYPE_CHECKING:
+    from shape_registry import Registry
 
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "shape_registry" / "data" / "registry.jsonl"
 STEPS = 2  # the second step is the steady state (optimizer state exists)
@@ -57,45 +61,42 @@ def record_one(name: str, config: str, out: Path, lazy: bool = True, max_batch: 
     del torch
 
 
+@dataclass(frozen=True)
+class _Recorded:
+    """One child's answer: its registry part, or why there is none."""
+
+    status: str  # 'ok', or the cell outcome: timeout, oom, crash
+    part: Registry | None
+    failure: str = ""
+
+
 def record(models: list[str], configs: list[str], out: Path, jobs: int = 1, timeout: int = 1800,
            lazy: bool = True, max_batch: int | None = None) -> int:
     """Record every (model, config) in a child process and merge the results into ``out``."""
-    from harness.progress import Progress
     from shape_registry import Registry
 
-    todo = [(m, c) for m in models for c in configs]
-    merged = Registry()
-    failures = []
     with tempfile.TemporaryDirectory() as tmp:
-        running: list = []
-        bar = Progress(len(todo), "recording")
-        queue = list(todo)
-        while queue or running:
-            while queue and len(running) < jobs:
-                m, c = queue.pop(0)
+        todo = []
+        for m in models:
+            for c in configs:
                 part = Path(tmp) / f"{m}-{c}.jsonl"
-                cmd = [sys.executable, "-m", "harness.registry_cmd", m, c, str(part)] + ([] if lazy else ["--no-lazy"])
+                args = [m, c, str(part)] + ([] if lazy else ["--no-lazy"])
                 if max_batch and c != "tiny":
-                    cmd += ["--max-batch", str(max_batch)]
-                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error"))
-                running.append((m, c, part, proc, time.monotonic()))
-            for item in list(running):
-                m, c, part, proc, t0 = item
-                if proc.poll() is None and time.monotonic() - t0 < timeout:
-                    continue
-                if proc.poll() is None:
-                    proc.kill()
-                    failures.append(f"{m}:{c}: timeout after {timeout}s")
-                elif proc.returncode != 0 or not part.exists():
-                    tail = (proc.stdout.read() if proc.stdout else "")[-600:]
-                    failures.append(f"{m}:{c}: exit {proc.returncode}: {tail.strip()}")
-                else:
-                    merged.merge(Registry.load(part))
-                running.remove(item)
-                bar.step(f"{m}:{c} ({time.monotonic() - t0:.0f}s)")
-            time.sleep(0.05)
-        bar.close()
+                    args += ["--max-batch", str(max_batch)]
+                todo.append(Job(f"{m}:{c}", "harness.registry_cmd", tuple(args), part))
+
+        def finish(o: Outcome) -> _Recorded:
+            if o.kind == "result":
+                return _Recorded("ok", Registry.load(o.job.result))
+            return _Recorded(o.kind, None, f"{o.job.label}: {o.reason}")
+
+        with CellRunner(len(todo), "recording", jobs=jobs, timeout=timeout) as runner:
+            recorded = runner.run(todo, finish)
+    merged = Registry()
+    for r in recorded:
+        if r.part is not None:
+            merged.merge(r.part)
+    failures = [r.failure for r in recorded if r.failure]
     if out.exists():
         old = Registry.load(out)
         keep = {k for k in old.models if k not in merged.models}

@@ -72,6 +72,7 @@ def cells(name: str, args: argparse.Namespace) -> list[dict]:
 def measure(name: str, args: argparse.Namespace, root: Path) -> Path:
     """Run report ``name``'s cells and write its results files; returns the report directory."""
     from harness import perf
+    from harness.results import provenance, write_results
 
     d = root / name
     if d.exists():  # stale timelines/traces of an earlier run must not be mixed in
@@ -82,16 +83,16 @@ def measure(name: str, args: argparse.Namespace, root: Path) -> Path:
         for f in list(d.glob("*.png")) + [d / "report.md"]:
             f.unlink(missing_ok=True)
     todo = cells(name, args)
-    meta = perf.provenance()
+    meta = provenance()
     t0 = time.monotonic()
     print(f"harness report {name}: {len(todo)} cell(s), {todo[0]['steps'] if todo else 0} timed steps after "
           f"{args.warmup} warm-up -> {d}", flush=True)
     rows = perf.run_cells(todo, d, timeout=args.timeout, desc=name)
     backends = []
     for b in _backends(args, name):
-        mine = [r for r in rows if r.get("backend") == b.label]
-        bad = [r for r in mine if r.get("status") != "ok"]
-        state = "ok" if not bad else (bad[0]["reason"] if all(r["status"] == "unavailable" for r in mine)
+        mine = [r for r in rows if r.backend == b.label]
+        bad = [r for r in mine if r.status != "ok"]
+        state = "ok" if not bad else (bad[0].reason if all(r.status == "unavailable" for r in mine)
                                       else f"{len(bad)} of {len(mine)} not ok")
         backends.append({"label": b.label, "device": b.device, "sim_mode": b.sim_mode, "state": state})
     meta.update(report=name, steps=todo[0]["steps"] if todo else None, warmup=args.warmup, config=args.config,
@@ -99,16 +100,8 @@ def measure(name: str, args: argparse.Namespace, root: Path) -> Path:
                 backends=backends, wall_s=round(time.monotonic() - t0, 1),
                 command="harness " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["report"]
                 else f"harness report {name}")
-    perf.write_results(rows, d, meta)
+    write_results(rows, d, meta)
     return d
-
-
-def _reports_importable() -> None:
-    """``reports`` sits beside ``harness``; an editable install made before it existed does not map it."""
-    try:
-        import reports  # noqa: F401
-    except ImportError:
-        sys.path.insert(0, str(ROOT))
 
 
 def render(name: str, d: Path) -> None:
@@ -127,7 +120,6 @@ def render(name: str, d: Path) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    _reports_importable()
     from reports import page
 
     names = list(REPORTS) if args.name == "all" else [args.name]

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-STATUSES = ("pass", "fail_accuracy", "fail_to_run", "eager_fail", "timeout", "oom", "skipped")
+from reports.schema import ModelRow, ModeResult
+
 # Model-level agreement: same maths, but kernels and optimizer forms (foreach vs for-loop) may order
 # float32 sums differently and errors grow over steps, so float32 tolerances are widened 100x; where
 # that is not enough, a float64 golden run decides (harness.compare.compare_with_fp64).
@@ -74,7 +75,6 @@ def run_eager(spec: Any, config: str, steps: int, seed: int, dtype: torch.dtype 
 def run_lazy(spec: Any, config: str, backend: str, steps: int, seed: int) -> dict:
     import mncore
     import model_zoo
-    from mncore.runtime import buffers
 
     mncore.init(backend, implicit_sync="silent")
     mncore.metrics.reset()
@@ -95,7 +95,7 @@ def run_lazy(spec: Any, config: str, backend: str, steps: int, seed: int) -> dic
         now = time.perf_counter()
         times.append(now - t_prev)
         t_prev = now
-        peak = max(peak, buffers.live_bytes())
+        peak = max(peak, mncore.observe.live_bytes())
     mncore.wait_device_ops()
     last = per_step[-1]
     return {
@@ -188,52 +188,51 @@ def _classify(exc: BaseException) -> str:
     return "oom" if isinstance(exc, MemoryError) or "out of memory" in text.lower() else "fail_to_run"
 
 
-def run_one(model: str, config: str, backend: str, steps: int, seed: int = 0) -> dict:
+def run_one(model: str, config: str, backend: str, steps: int, seed: int = 0) -> ModelRow:
     """One row: every field of the results file for ``model`` on ``backend``."""
+    import mncore
     import model_zoo
 
-    row: dict[str, Any] = {"model": model, "config": config, "backend": backend, "steps": steps,
-                           "time_kind": "measured wall time", "status": "pass", "reason": "",
-                           "repro": repro_command(model, config, backend, steps)}
+    row = ModelRow(model=model, config=config, backend=backend, steps=steps, time_kind="measured wall time",
+                   status="pass", reason="", repro=repro_command(model, config, backend, steps))
     try:
         spec = model_zoo.get(model)
-        row.update(family=spec.family, params=None)
-        from mncore.devices.registry import parse
-
-        parse(backend)
+        row.family = spec.family
+        mncore.parse_device(backend)
     except (KeyError, ValueError) as e:
-        row.update(status="skipped", reason=str(e).strip("'\""))
+        row.status, row.reason = "skipped", str(e).strip("'\"")
         return row
     try:
         eager = run_eager(spec, config, steps, seed)
     except Exception as e:  # noqa: BLE001 - the row records it
-        row.update(status="eager_fail", reason=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-2000:])
+        row.status, row.reason = "eager_fail", f"{type(e).__name__}: {e}"
+        row.traceback = traceback.format_exc()[-2000:]
         return row
-    row.update(params=sum(t.numel() for t in eager["state"].values()), eager_losses=eager["losses"],
-               eager_step_ms=eager["step_ms"])
+    row.params = sum(t.numel() for t in eager["state"].values())
+    row.eager_losses, row.eager_step_ms = eager["losses"], eager["step_ms"]
     golden: dict | None = None
     for mode, fn in (("lazy", lambda: run_lazy(spec, config, backend, steps, seed)),
                      ("context", lambda: run_context(spec, config, backend, steps, seed))):
         try:
             res = fn()
         except Exception as e:  # noqa: BLE001 - the row records it
-            if row["status"] == "pass":
-                row.update(status=_classify(e), reason=f"{mode}: {type(e).__name__}: {str(e)[:500]}",
-                           traceback=traceback.format_exc()[-2000:])
+            if row.status == "pass":
+                row.status, row.reason = _classify(e), f"{mode}: {type(e).__name__}: {str(e)[:500]}"
+                row.traceback = traceback.format_exc()[-2000:]
             continue
         ok, why, err = _agreement(eager, res)
         if not ok:  # float32 may drift chaotically: let a float64 golden run decide
             golden = golden or run_eager(spec, config, steps, seed, dtype=torch.float64)
             ok, why, err = _agreement(eager, res, golden)
-        row[f"{mode}_losses"] = res["losses"]
-        row[f"{mode}_step_ms"] = res["step_ms"]
-        row[f"{mode}_param_max_abs_err"] = err
-        row.update({f"{mode}_{k}" if k == "compile_s" else k: v for k, v in res.items()
-                    if k not in ("losses", "state", "step_ms")})
-        if not ok and row["status"] == "pass":
-            row.update(status="fail_accuracy", reason=f"{mode} vs eager: {why[:500]}")
-    if row.get("lazy_step_ms") and row.get("context_step_ms"):
-        row["lazy_context_ratio"] = row["lazy_step_ms"] / row["context_step_ms"]
+        setattr(row, mode, ModeResult(losses=res["losses"], step_ms=res["step_ms"], param_max_abs_err=err,
+                                      compile_s=res["compile_s"]))
+        for name, value in res.items():  # lazy mode's graph, cache and sync figures
+            if name not in ("losses", "state", "step_ms", "compile_s"):
+                setattr(row, name, value)
+        if not ok and row.status == "pass":
+            row.status, row.reason = "fail_accuracy", f"{mode} vs eager: {why[:500]}"
+    if row.lazy.step_ms and row.context.step_ms:
+        row.lazy_context_ratio = row.lazy.step_ms / row.context.step_ms
     return row
 
 
@@ -254,12 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     import mncore  # noqa: F401  (register the device before autograd's engine starts)
 
     row = run_one(a.model, a.config, a.backend, a.steps, a.seed)
-    text = json.dumps(row)
+    text = json.dumps(row.to_json())
     if a.out:
         a.out.write_text(text)
     else:
         print(text)
-    return 0 if row["status"] in ("pass", "skipped") else 1
+    return 0 if row.status in ("pass", "skipped") else 1
 
 
 if __name__ == "__main__":

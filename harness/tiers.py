@@ -2,22 +2,20 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from harness.progress import Progress
+from harness.cells import CellRunner, Job, Outcome
+from harness.results import provenance
+from reports.schema import ModelRow
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTED_DIR = ROOT / "ci" / "expected"
 HEADLINE = [("mlp_w64", "default"), ("mlp_w128", "default"), ("mlp_w256", "default"),
             ("resnet18", "default"), ("gpt2_small", "default")]
 EXPECTED_COLUMNS = ["model", "config", "status", "graphs_per_step", "compiles_after_warmup"]
-PYTHON = sys.executable  # the interpreter children run with (tests substitute a crashing one)
 PERF_NOISE = 0.10  # single models swing by 5-10 % here: smaller changes are reported as noise
 
 
@@ -49,70 +47,35 @@ def available_backends() -> list[str]:
 
 
 def run_models(todo: list[tuple[str, str]], backends: list[str], steps: int, out: Path, jobs: int = 1,
-               timeout: int = 900) -> list[dict]:
-    """Run each (model, config, backend) in a child process; every one writes a row, even on a crash."""
-    out.mkdir(parents=True, exist_ok=True)
-    queue = [(m, c, b) for b in backends for m, c in todo]
-    rows: list[dict] = []
-    running: list = []
-    bar = Progress(len(queue), "models")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", PYTHONPATH=str(ROOT))
-    while queue or running:
-        while queue and len(running) < jobs:
-            m, c, b = queue.pop(0)
+               timeout: int = 900) -> list[ModelRow]:
+    """Run each (model, config, backend) in a child process (``python -m harness.runner``); every one
+    gives a row, even on a crash, an OOM or a hang."""
+    from harness.runner import repro_command
+
+    cells: dict[Job, tuple[str, str, str]] = {}
+    for b in backends:
+        for m, c in todo:
             part = out / "rows" / f"{m}-{c}-{b.replace(':', '_')}.json"
-            part.parent.mkdir(parents=True, exist_ok=True)
-            cmd = [PYTHON, "-m", "harness.runner", "--model", m, "--config", c, "--backend", b,
-                   "--steps", str(steps), "--out", str(part)]
-            log = (out / "rows" / (part.stem + ".log")).open("w")
-            running.append((m, c, b, part, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                                            cwd=ROOT), time.monotonic(), log))
-        for item in list(running):
-            m, c, b, part, proc, t0, log = item
-            elapsed = time.monotonic() - t0
-            if proc.poll() is None and elapsed < timeout:
-                continue
-            from harness.runner import repro_command
+            args = ("--model", m, "--config", c, "--backend", b, "--steps", str(steps), "--out", str(part))
+            cells[Job(f"{m}:{c} on {b}", "harness.runner", args, part)] = (m, c, b)
 
-            base = {"model": m, "config": c, "backend": b, "steps": steps, "repro": repro_command(m, c, b, steps),
-                    "time_kind": "measured wall time"}
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-                row = {**base, "status": "timeout", "reason": f"no result after {timeout}s"}
-            elif part.exists():
-                row = json.loads(part.read_text())
-            else:
-                log.flush()
-                tail = (out / "rows" / (part.stem + ".log")).read_text()[-800:]
-                status = "oom" if proc.returncode in (-9, 137) or "out of memory" in tail.lower() else "fail_to_run"
-                row = {**base, "status": status, "reason": f"child exited {proc.returncode}: {tail.strip()[-400:]}"}
-            log.close()
-            row["wall_s"] = round(elapsed, 1)
-            rows.append(row)
-            running.remove(item)
-            bar.step(f"{m}:{c} on {b}: {row['status']} ({elapsed:.0f}s)")
-        time.sleep(0.1)
-    bar.close()
-    return rows
+    def finish(o: Outcome) -> ModelRow:
+        if o.kind == "result":
+            row = ModelRow.from_json(json.loads(o.job.result.read_text()), where=str(o.job.result))
+        else:
+            m, c, b = cells[o.job]
+            row = ModelRow(model=m, config=c, backend=b, steps=steps, repro=repro_command(m, c, b, steps),
+                           time_kind="measured wall time", status="fail_to_run" if o.kind == "crash" else o.kind,
+                           reason=o.reason)
+        row.wall_s = round(o.wall_s, 1)
+        return row
+
+    with CellRunner(len(cells), "models", jobs=jobs, timeout=timeout) as runner:
+        return runner.run(list(cells), finish)
 
 
-def write_results(rows: list[dict], out: Path, meta: dict) -> tuple[Path, Path]:
-    """Machine-readable first: JSON lines (every field) and a flat CSV made from them."""
-    import pandas as pd
-
-    jsonl = out / "results.jsonl"
-    with jsonl.open("w") as f:
-        for r in rows:
-            f.write(json.dumps({**meta, **r}) + "\n")
-    flat = pd.DataFrame([{k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in {**meta, **r}.items()
-                          if k != "traceback"} for r in rows])
-    csv = out / "results.csv"
-    flat.to_csv(csv, index=False)
-    return jsonl, csv
-
-
-def summary_table(rows: list[dict]) -> str:
+def summary_table(rows: list[dict[str, Any]]) -> str:
+    """The terminal table of row records (``ModelRow.to_json()``)."""
     import pandas as pd
 
     cols = ["model", "config", "backend", "status", "eager_step_ms", "lazy_step_ms", "context_step_ms",
@@ -126,7 +89,7 @@ def expected_path(tier: str, backend: str) -> Path:
     return EXPECTED_DIR / f"{tier}_{backend.replace(':', '_')}.csv"
 
 
-def check_expected(rows: list[dict], tier: str, backend: str) -> list[str]:
+def check_expected(rows: list[dict[str, Any]], tier: str, backend: str) -> list[str]:
     """Differences from the checked-in expectations: regressions and unexpected improvements alike."""
     import pandas as pd
 
@@ -164,7 +127,7 @@ def perf_path(tier: str, backend: str) -> Path:
 PERF_COLUMNS = ["model", "config", "backend", "eager_step_ms", "lazy_step_ms", "context_step_ms", "trace_ms"]
 
 
-def write_expected(rows: list[dict], tier: str, backend: str) -> list[Path]:
+def write_expected(rows: list[dict[str, Any]], tier: str, backend: str) -> list[Path]:
     """Rewrite the expectations (status, graphs, compiles) and the performance baseline of one tier/backend."""
     import pandas as pd
 
@@ -178,7 +141,7 @@ def write_expected(rows: list[dict], tier: str, backend: str) -> list[Path]:
     return [path, perf]
 
 
-def perf_report(rows: list[dict], baseline: Path) -> list[str]:
+def perf_report(rows: list[dict[str, Any]], baseline: Path) -> list[str]:
     """Step-time changes against a stored baseline; never a failure, changes under PERF_NOISE are noise."""
     import pandas as pd
 
@@ -197,7 +160,7 @@ def perf_report(rows: list[dict], baseline: Path) -> list[str]:
     return lines
 
 
-def markdown_summary(rows: list[dict], meta: dict, problems: list[str]) -> str:
+def markdown_summary(rows: list[dict[str, Any]], meta: dict, problems: list[str]) -> str:
     lines = [f"# harness run --tier {meta['tier']}", "",
              f"- commit `{meta['commit']}`, torch {meta['torch']}, {meta['machine']}, {meta['when']}",
              f"- times are measured wall time; {meta['steps']} steps per mode, step time = median after the first",
@@ -212,14 +175,5 @@ def run_unit(jobs: int | None) -> int:
 
 
 def metadata(tier: str, steps: int) -> dict[str, Any]:
-    import platform
-
-    import torch
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip() or "unknown"
-    except OSError:
-        commit = "unknown"
-    return {"tier": tier, "steps": steps, "commit": commit, "torch": torch.__version__,
-            "machine": f"{platform.machine()} {os.cpu_count()} cpus", "when": datetime.now().isoformat(timespec="seconds")}
+    """The tier's provenance (``harness.results.provenance``) with the tier and its step count."""
+    return {"tier": tier, "steps": steps, **provenance()}

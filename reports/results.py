@@ -1,4 +1,5 @@
-"""Reading results files back: ``results.jsonl`` (every field), ``meta.json`` (provenance)."""
+"""Reading results files back: ``results.jsonl`` (rows checked against ``reports.schema.PerfRow``),
+``meta.json`` (provenance)."""
 from __future__ import annotations
 
 import json
@@ -6,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from reports.schema import PerfRow
 
 REPORTS = ("mlp-width", "async", "models")
 
@@ -15,14 +18,18 @@ def report_dir(path: Path, name: str) -> Path | None:
     for d in (path / name, path):
         if (d / "results.jsonl").exists():
             rows = read_rows(d)
-            if not rows or rows[0].get("report", name) == name:
+            if not rows or rows[0].report == name:
                 return d
     return None
 
 
-def read_rows(d: Path) -> list[dict[str, Any]]:
-    with (d / "results.jsonl").open() as f:
-        return [json.loads(line) for line in f if line.strip()]
+def read_rows(d: Path) -> list[PerfRow]:
+    """The rows of ``d/results.jsonl``; ``SchemaError`` (naming the file and line) for fields the
+    schema does not declare or lacks."""
+    path = d / "results.jsonl"
+    with path.open() as f:
+        return [PerfRow.from_json(json.loads(line), where=f"{path}:{n}") for n, line in enumerate(f, 1)
+                if line.strip()]
 
 
 def read_meta(d: Path) -> dict[str, Any]:
@@ -32,8 +39,7 @@ def read_meta(d: Path) -> dict[str, Any]:
 
 def load(d: Path) -> tuple[dict[str, Any], pd.DataFrame]:
     """(provenance, one DataFrame row per results row) of the report in ``d``."""
-    rows = read_rows(d)
-    df = pd.DataFrame(rows)
+    df = pd.DataFrame([r.to_json() for r in read_rows(d)])
     if "status" not in df:
         df["status"] = pd.Series(dtype=object)
     return read_meta(d), df

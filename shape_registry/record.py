@@ -218,25 +218,25 @@ class LazyRecorder:
         self.registry, self.model = registry, model
 
     def _observe(self, op: Any, args: tuple, kwargs: dict) -> None:
-        from mncore.lazy.tensor import arg_meta
+        from mncore import observe
 
         why = exclusion_lazy(op)
         if why is None:
-            self.registry.add(make_entry(op, args, kwargs, self.model, "lazy", arg_meta, values=False))
+            self.registry.add(make_entry(op, args, kwargs, self.model, "lazy", observe.arg_meta, values=False))
         else:
             key = f"{why}:{op_name(op)}"
             self.registry.excluded[key] = self.registry.excluded.get(key, 0) + 1
 
     def __enter__(self) -> LazyRecorder:
-        from mncore.lazy.tensor import tracer
+        from mncore import observe
 
-        tracer.observers.append(self._observe)
+        observe.add_op_observer(self._observe)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        from mncore.lazy.tensor import tracer
+        from mncore import observe
 
-        tracer.observers.remove(self._observe)
+        observe.remove_op_observer(self._observe)
 
 
 def exclusion_lazy(op: Any) -> str | None:

@@ -1,7 +1,7 @@
 """``harness fuzz``: injected backend bugs are found, shrunk and reproduced; clean runs pass and replay.
 
 The test backends are plugin modules under ``tests/fuzz_plugins`` that replace an aten op's
-lowering with ``mncore.compiler.register_lowering`` (the campaign imports them in its worker), so
+lowering with ``mncore.register_lowering`` (the campaign imports them in its worker), so
 every verdict here is still mncore against eager PyTorch on CPU. Campaigns run through the real
 command line in a subprocess, with case budgets so that they are deterministic.
 """
@@ -22,7 +22,7 @@ from harness.fuzz.mutate import generate
 from harness.fuzz.oracles import run_case
 from harness.opgen import resolve_op
 from harness.registry_cmd import DEFAULT_PATH
-from mncore.compiler import register_lowering, unregister_lowering
+from mncore import register_lowering, unregister_lowering
 from shape_registry import Registry
 
 pytestmark = pytest.mark.unit

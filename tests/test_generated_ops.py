@@ -7,7 +7,6 @@ the default is the full set.
 """
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -28,7 +27,7 @@ def _rows() -> list:
     rows = Registry.load(DEFAULT_PATH).sorted()
     if not rows:
         raise RuntimeError(f"{DEFAULT_PATH} has no rows: regenerate it with `harness registry record`")
-    n = int(os.environ.get("MNCORE_OPTEST_SAMPLE", "0"))
+    n = mncore.config.get("optest_sample")
     if n and n < len(rows):
         by_op: dict[str, list] = {}
         for r in rows:

@@ -161,3 +161,11 @@ def test_checker_accepts_a_clean_tree_and_flags_internal_tool_imports(tmp_path):
     (tmp_path / "mncore" / "context").mkdir()
     errors = public_errors(tool, tmp_path / "mncore")
     assert len(errors) == 1 and "mncore.trace" in errors[0], errors
+
+
+def test_nothing_patches_sys_path():
+    bad = [f"{p.relative_to(ROOT)}:{node.lineno}" for tool in TOOLS for p in sorted((ROOT / tool).rglob("*.py"))
+           for node in ast.walk(ast.parse(p.read_text()))
+           if isinstance(node, ast.Attribute) and node.attr == "path"
+           and isinstance(node.value, ast.Name) and node.value.id == "sys"]
+    assert bad == []

@@ -21,7 +21,7 @@ def _expected() -> dict:
 
 @pytest.mark.parametrize("model,config", tiers.models_tier(), ids=lambda x: str(x))
 def test_models_tier(model, config, tmp_path):
-    row = tiers.run_models([(model, config)], [BACKEND], steps=3, out=tmp_path)[0]
+    row = tiers.run_models([(model, config)], [BACKEND], steps=3, out=tmp_path)[0].to_json()
     problems = tiers.check_expected([row], "models", BACKEND)
     problems = [p for p in problems if not p.endswith("expected but not run")]
     assert not problems, f"{problems}; row: { {k: v for k, v in row.items() if k != 'traceback'} }"

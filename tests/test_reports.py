@@ -9,8 +9,10 @@ import pytest
 
 import mncore
 from harness import cli, perf
+from harness.results import write_results
 from reports import page, tables
 from reports.results import load
+from reports.schema import PerfRow
 
 pytestmark = pytest.mark.unit
 
@@ -21,8 +23,16 @@ META = {"commit": "abc1234", "torch": "9.9.9-test", "python": "3.11.0", "platfor
 
 
 def _spread(prefix: str, key: str, v: float) -> dict:
-    return {f"{prefix}{key}": v, f"{prefix}{key}_min": v * 0.9, f"{prefix}{key}_max": v * 1.2,
-            f"{prefix}{key}_mean": v}
+    """Median, min and max of ``key`` (and the mean, which the step time alone has)."""
+    out = {f"{prefix}{key}": v, f"{prefix}{key}_min": v * 0.9, f"{prefix}{key}_max": v * 1.2}
+    if key == "step_ms":
+        out[f"{prefix}{key}_mean"] = v
+    return out
+
+
+def _write(rows: list[dict], d: Path, meta: dict) -> None:
+    """``results.jsonl`` etc. of plain records, as the runners write them (checked against the schema)."""
+    write_results([PerfRow.from_json(r, where="test row") for r in rows], d, meta)
 
 
 def _compare_row(report: str, model: str, backend: str, context_ms: float, lazy_ms: float, trace: float,
@@ -55,7 +65,7 @@ def _synthetic(root: Path) -> None:
            for w, c, l, t, dv in ((64, 1.0, 4.0, 3.5, 0.8), (1024, 20.0, 24.0, 4.0, 19.0), (4096, 400.0, 410.0, 4.0,
                                                                                              399.0))]
     mlp.append(_unavailable("mlp-width", "mlp_w64"))
-    perf.write_results(mlp, root / "mlp-width", {**META, "report": "mlp-width"})
+    _write(mlp, root / "mlp-width", {**META, "report": "mlp-width"})
     d = root / "async"
     rows = []
     for mode, step, trace, device in (("sync", 60.0, 25.0, 30.0), ("async_naive", 45.0, 30.0, 35.0),
@@ -79,10 +89,10 @@ def _synthetic(root: Path) -> None:
             row.update(_spread("", key, v))
         rows.append(row)
     rows.append(_unavailable("async", "gpt2_small"))
-    perf.write_results(rows, d, {**META, "report": "async"})
+    _write(rows, d, {**META, "report": "async"})
     models = [_compare_row("models", "resnet18", "pfvm:cpu", 3000.0, 3100.0, 300.0, 2900.0),
               _compare_row("models", "gpt2_small", "pfvm:cpu", 2000.0, 2600.0, 400.0, 2000.0)]
-    perf.write_results(models, root / "models", {**META, "report": "models"})
+    _write(models, root / "models", {**META, "report": "models"})
 
 
 def _forbid_running(monkeypatch) -> None:
@@ -159,17 +169,17 @@ def test_tiny_real_measurement_rows_are_consistent(tmp_path):
     rows = perf.run_cell({"report": "mlp-width", "kind": "compare", "model": "mlp_w64", "config": "tiny",
                           "backend": "pfvm:cpu", "steps": 2, "warmup": 1, "execution": "async"})
     (row,) = rows
-    assert row["status"] == "ok", row.get("reason")
-    assert row["width"] == 64 and row["time_kind"] == perf.MEASURED
+    assert row.status == "ok", row.reason
+    assert row.width == 64 and row.time_kind == perf.MEASURED
     for k in ("context_step_ms", "lazy_step_ms", "lazy_trace_ms", "lazy_device_ms", "context_device_ms", "ratio"):
-        assert row[k] > 0, k
-    assert row["ratio"] == pytest.approx(row["lazy_step_ms"] / row["context_step_ms"])
-    assert row["lazy_step_ms_min"] <= row["lazy_step_ms"] <= row["lazy_step_ms_max"]
-    assert row["context_trace_ms"] == 0 and row["lazy_compiles"] == 0 and row["lazy_graphs_per_step"] == 1
+        assert row.to_json()[k] > 0, k
+    assert row.ratio == pytest.approx(row.lazy.step_ms / row.context.step_ms)
+    assert row.lazy.step_ms_min <= row.lazy.step_ms <= row.lazy.step_ms_max
+    assert row.context.trace_ms == 0 and row.lazy.compiles == 0 and row.lazy.graphs_per_step == 1
     bad = perf.run_cell({"report": "mlp-width", "kind": "compare", "model": "mlp_w64", "config": "tiny",
                          "backend": "pfvm:tpu", "steps": 2, "warmup": 1})
-    assert bad[0]["status"] == "unavailable" and bad[0]["reason"].startswith("unavailable: ")
-    perf.write_results(rows + bad, tmp_path / "mlp-width", {**META, "report": "mlp-width", "steps": 2})
+    assert bad[0].status == "unavailable" and bad[0].reason.startswith("unavailable: ")
+    write_results(rows + bad, tmp_path / "mlp-width", {**META, "report": "mlp-width", "steps": 2})
     md = page.render_report(tmp_path / "mlp-width", "mlp-width").read_text()
     assert "pfvm:tpu: unavailable" in md and "| pfvm:cpu | 64 |" in md
 
@@ -180,13 +190,14 @@ def test_simulated_board_rows_say_modelled(tmp_path, monkeypatch):
     monkeypatch.setenv("MNCORE_SIM_MODE", "functional")  # restored after the test (init_backend sets it)
     (row,) = perf.run_cell({"report": "mlp-width", "kind": "compare", "model": "mlp_w64", "config": "tiny",
                             "backend": "mncore2:auto", "sim_mode": "performance", "steps": 3, "warmup": 1})
-    assert row["status"] == "ok", row.get("reason")
-    assert row["time_kind"] == perf.MODELLED and row["backend"] == "mncore2:auto (performance)"
-    assert row["lazy_sim_mode_effective"] == row["context_sim_mode_effective"] == "performance"
-    assert "warning" not in row
-    assert row["lazy_device_ms"] == pytest.approx(row["lazy_modelled_device_ms"], rel=1e-6)
-    assert row["lazy_device_span_ms"] >= row["lazy_device_ms"] > 0
-    assert row["ratio"] == pytest.approx(row["lazy_step_ms"] / row["context_step_ms"])
+    assert row.status == "ok", row.reason
+    assert row.time_kind == perf.MODELLED and row.backend == "mncore2:auto (performance)"
+    assert row.lazy.sim_mode_effective == row.context.sim_mode_effective == "performance"
+    assert "warning" not in row.to_json()
+    assert row.lazy.device_ms == pytest.approx(row.lazy.modelled_device_ms, rel=1e-6)
+    # the worker is held at least the modelled time (the two are equal up to float rounding when it sleeps exactly)
+    assert row.lazy.device_span_ms >= row.lazy.device_ms * (1 - 1e-9) and row.lazy.device_ms > 0
+    assert row.ratio == pytest.approx(row.lazy.step_ms / row.context.step_ms)
 
 
 def test_cli_measures_in_child_processes(tmp_path):
@@ -196,3 +207,24 @@ def test_cli_measures_in_child_processes(tmp_path):
     meta, df = load(tmp_path / "mlp-width")
     assert set(df["status"]) == {"ok", "unavailable"} and meta["steps"] == 2 and meta["commit"]
     assert (tmp_path / "mlp-width" / "mlp_width_ratio.png").exists()
+
+
+def test_results_with_undeclared_or_missing_fields_fail_naming_the_file(tmp_path):
+    from reports.schema import SchemaError
+
+    good = _unavailable("mlp-width", "mlp_w64")
+    d = tmp_path / "mlp-width"
+    d.mkdir()
+    (d / "results.jsonl").write_text(json.dumps(good) + "\n" + json.dumps({**good, "lazy_step_mss": 1.0}) + "\n")
+    with pytest.raises(SchemaError, match=r"results\.jsonl:2: unknown field\(s\) 'lazy_step_mss'"):
+        load(d)
+    (d / "results.jsonl").write_text(json.dumps({k: v for k, v in good.items() if k != "status"}) + "\n")
+    with pytest.raises(SchemaError, match=r"results\.jsonl:1: missing field\(s\) 'status'"):
+        load(d)
+
+
+def test_rows_round_trip_through_their_schema():
+    row = PerfRow.from_json(_compare_row("models", "resnet18", "pfvm:cpu", 3000.0, 3100.0, 300.0, 2900.0), "test")
+    assert row.lazy.step_ms == 3100.0 and row.context.trace_ms == 0.0 and row.window.trace_ms == 300.0
+    assert PerfRow.from_json(row.to_json(), "again") == row
+    assert "traceback" not in row.csv_record()

@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     p.add_argument("--plugin", default=None,
                    help="Python module (or .py file) imported in the worker before any case, e.g. one that "
-                        "registers a lowering with mncore.compiler.register_lowering; recorded in repros")
+                        "registers a lowering with mncore.register_lowering; recorded in repros")
     p.add_argument("--case-timeout", type=float, default=20.0,
                    help="seconds before a case counts as a hang (plus 20x its eager time)")
     p.add_argument("--shrink-seconds", type=float, default=20.0, help="shrinking budget per distinct finding")

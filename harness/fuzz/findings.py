@@ -193,7 +193,7 @@ def render_repro(sig: str, original: Case, shrunk: Case, result: dict, meta: dic
         numel_after=shrunk.numel(), mutations=", ".join(mutation_label(m) for m in shrunk.mutations) or "none",
         plugin_text=meta.get("plugin") or "(none)", root=str(REPO_ROOT), op=shrunk.op, backend=meta["backend"],
         plugin=meta.get("plugin"), weight_seed=shrunk.value_seed)
-    if kind in ("crash", "hang"):
+    if kind in ("crash", "oom", "hang"):
         # the child imports torch and mncore (seconds) before it runs the step
         body = _ISOLATED.format(timeout=meta["case_timeout"] + 30, kind=kind, oracle=oracle,
                                 step=_STEPS.get(oracle, _STEPS["lazy_vs_eager"]))

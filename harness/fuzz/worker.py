@@ -24,6 +24,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Iterator
 
+from harness.cells import exit_kind, kill_group, log_tail
+
 _PRELOAD = ["torch", "mncore", "mncore.context", "harness.fuzz.oracles", "harness.fuzz.warmup"]
 # One tiny case run by every worker before it reports ready (first-call costs of tracing, compiling
 # and the Context API), so that a case's timeout measures the case.
@@ -34,28 +36,38 @@ HANG_FACTOR = 20.0  # a case may take this many times eager's time on top of the
 MAX_EXTENSION = 5.0  # ... but at most this many base timeouts
 
 
-def load_plugin(plugin: str) -> None:
-    """Import ``plugin``: a module name (``tests.fuzz_plugins.wrong_mul``) or a ``.py`` file path."""
+def load_plugin(plugin: str, base: str | None = None) -> None:
+    """Import ``plugin``: a ``.py`` file path, or a module name (``tests.fuzz_plugins.wrong_mul``)
+    importable as it is or found as a file under ``base`` (the directory the campaign started in)."""
     if plugin.endswith(".py") or os.sep in plugin:
-        path = Path(plugin).resolve()
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot import plugin file {plugin}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[path.stem] = module
-        spec.loader.exec_module(module)
-    else:
+        _import_file(path := Path(base or ".", plugin).resolve(), path.stem)
+        return
+    try:
         importlib.import_module(plugin)
+    except ModuleNotFoundError:
+        path = Path(base or ".", *plugin.split(".")).with_suffix(".py")
+        if not path.is_file():
+            raise
+        _import_file(path, plugin)
+
+
+def _import_file(path: Path, name: str) -> None:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import plugin file {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
 
 
 def _worker_main(conn: Any, backend: str, plugin: str | None, cwd: str, log_path: str, codegen_dir: str) -> None:
-    """Entry point of a worker process (runs in the child)."""
+    """Entry point of a worker process (runs in the child, in its own process group)."""
+    os.setsid()
     log = open(log_path, "a", buffering=1)
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = log
     faulthandler.enable(log)
-    sys.path.insert(0, cwd)
     try:
         import warnings
 
@@ -74,7 +86,7 @@ def _worker_main(conn: Any, backend: str, plugin: str | None, cwd: str, log_path
         tqdm.set_lock(threading.RLock())
         mncore.init(backend, implicit_sync="silent")
         if plugin:
-            load_plugin(plugin)
+            load_plugin(plugin, cwd)
         context = Context(MNDevice(backend))
         Context.switch_context(context)
         run_case(Case.from_json(_WARMUP), context, codegen_dir)
@@ -170,7 +182,7 @@ class Worker:
             return None
         self.proc.join(timeout=5)
         if self.proc.is_alive():
-            self.proc.kill()
+            kill_group(self.proc.pid)
             self.proc.join(timeout=5)
         code = self.proc.exitcode
         self.proc, self.conn = None, None
@@ -186,7 +198,7 @@ class Worker:
             pass
         self.proc.join(timeout=2)
         if self.proc.is_alive():
-            self.proc.kill()
+            kill_group(self.proc.pid)
         self._reap()
 
     def close(self) -> None:
@@ -200,19 +212,13 @@ class Worker:
         self.start()
 
     def _kill(self) -> None:
-        if self.proc is not None and self.proc.is_alive():
-            self.proc.kill()
+        if self.proc is not None:
+            kill_group(self.proc.pid)
         self._reap()
 
     def _log_tail(self, n: int = 4000) -> str:
         """The worker's last output (fault handler traceback, abort message), without case markers."""
-        try:
-            with self.log_path.open("rb") as f:
-                f.seek(max(0, f.seek(0, 2) - n))
-                text = f.read().decode(errors="replace")
-        except OSError:
-            return ""
-        lines = [line for line in text.splitlines()[1:] if not line.startswith("--- case ")]
+        lines = [line for line in log_tail(self.log_path, n).splitlines()[1:] if not line.startswith("--- case ")]
         return "\n".join(lines)[-1500:] or "(no output)"
 
     def run(self, case_json: dict) -> dict:
@@ -238,8 +244,8 @@ class Worker:
                 code = self._reap()
                 self.restarts += 1
                 tail = self._log_tail()
-                return _abnormal("crash", phase, f"worker died (exit code {code}) in phase {phase}; "
-                                                 f"log tail:\n{tail}", time.monotonic() - t_start)
+                return _abnormal(exit_kind(code, tail), phase, f"worker died (exit code {code}) in phase {phase}; "
+                                                               f"log tail:\n{tail}", time.monotonic() - t_start)
             if msg[0] == "phase":
                 phase = msg[1]
                 if phase != "eager" and not extended:  # slow-but-working cases are not hangs

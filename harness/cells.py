@@ -1,0 +1,156 @@
+"""Isolated cells: each unit of work runs in its own child process, so that a crash, an OOM, a signal
+or a hang costs that cell's result and never the run.
+
+A ``Job`` is ``python -m MODULE ARGS...`` that writes its result to a file; ``CellRunner`` starts
+jobs (``--jobs N`` at a time) in their own process group with a log file, kills the whole group
+on timeout, and turns every ending into an ``Outcome``: the result file, a ``timeout``, an ``oom``
+or a ``crash`` (a signal or an exit without a result), with the log's tail as the reason.
+The tier runner, the performance reports and the registry recorder run their cells through it;
+the fuzz worker (a fork server, not ``python -m``) shares the kill, log and exit rules below.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Callable, Sequence, TypeVar
+
+from harness.progress import Progress
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable  # the interpreter children run with (tests substitute a crashing one)
+OOM_EXIT_CODES = (-9, 137)  # SIGKILL (the kernel's OOM killer) seen directly or through a shell
+TAIL_CHARS = 800  # log tail searched for an out-of-memory message
+REASON_CHARS = 400  # of which the reason keeps this much
+T = TypeVar("T")
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a cell: offline Hugging Face, quiet transformers, this checkout importable."""
+    return dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", PYTHONPATH=str(ROOT))
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group led by ``pid`` (the child and anything it started); gone is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def log_tail(path: Path, chars: int = TAIL_CHARS) -> str:
+    """The last ``chars`` bytes of a log, decoded ('' when there is none)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, 2) - chars))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def exit_kind(returncode: int | None, tail: str) -> str:
+    """How a child that gave no result ended: ``oom`` (killed by SIGKILL or said so), else ``crash``."""
+    return "oom" if returncode in OOM_EXIT_CODES or "out of memory" in tail.lower() else "crash"
+
+
+@dataclass(frozen=True)
+class Job:
+    """``python -m module *args``; the child writes its result to ``result`` (its log goes beside it)."""
+
+    label: str
+    module: str
+    args: tuple[str, ...]
+    result: Path
+
+    @property
+    def log(self) -> Path:
+        return self.result.with_suffix(".log")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a job ended: ``kind`` is ``result`` (the result file exists), ``timeout``, ``oom`` or ``crash``."""
+
+    job: Job
+    kind: str
+    returncode: int | None
+    wall_s: float
+    reason: str  # '' for a result
+
+
+@dataclass
+class _Running:
+    job: Job
+    proc: subprocess.Popen
+    log: IO[Any]
+    t0: float
+
+
+class CellRunner:
+    """Runs jobs in child processes, ``jobs`` at a time, with a progress line per finished job."""
+
+    def __init__(self, total: int, desc: str, *, jobs: int = 1, timeout: float = 900.0):
+        self.jobs, self.timeout = max(1, jobs), timeout
+        self.bar = Progress(total, desc)
+
+    def __enter__(self) -> CellRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.close()
+
+    def skip(self, label: str) -> None:
+        """Count a job that needs no child (its answer is already known)."""
+        self.bar.step(label)
+
+    def _start(self, job: Job) -> _Running:
+        job.result.parent.mkdir(parents=True, exist_ok=True)
+        job.result.unlink(missing_ok=True)
+        log = job.log.open("w")
+        proc = subprocess.Popen([PYTHON, "-m", job.module, *job.args], stdout=log, stderr=subprocess.STDOUT,
+                                env=child_env(), cwd=ROOT, start_new_session=True)
+        return _Running(job, proc, log, time.monotonic())
+
+    def _end(self, r: _Running, timed_out: bool) -> Outcome:
+        if timed_out:
+            kill_group(r.proc.pid)
+        rc = r.proc.wait()
+        r.log.close()
+        wall = time.monotonic() - r.t0
+        if timed_out:
+            return Outcome(r.job, "timeout", None, wall, f"no result after {self.timeout:g}s")
+        if r.job.result.exists():
+            return Outcome(r.job, "result", rc, wall, "")
+        kill_group(r.proc.pid)  # what the dead child started must not outlive it
+        tail = log_tail(r.job.log).strip()
+        return Outcome(r.job, exit_kind(rc, tail), rc, wall, f"child exited {rc}: {tail[-REASON_CHARS:]}")
+
+    def run(self, jobs: Sequence[Job], finish: Callable[[Outcome], T],
+            status: Callable[[T], str] = lambda v: v.status) -> list[T]:  # type: ignore[attr-defined]
+        """``finish(outcome)`` of every job, in the order of ``jobs``; ``status`` labels the progress line."""
+        queue = list(enumerate(jobs))
+        running: dict[int, _Running] = {}
+        done: dict[int, T] = {}
+        try:
+            while queue or running:
+                while queue and len(running) < self.jobs:
+                    i, job = queue.pop(0)
+                    running[i] = self._start(job)
+                for i, r in list(running.items()):
+                    timed_out = time.monotonic() - r.t0 >= self.timeout
+                    if r.proc.poll() is None and not timed_out:
+                        continue
+                    outcome = self._end(r, timed_out and r.proc.poll() is None)
+                    del running[i]
+                    done[i] = finish(outcome)
+                    self.bar.step(f"{r.job.label}: {status(done[i])} ({outcome.wall_s:.0f}s)")
+                time.sleep(0.05)
+        finally:
+            for r in running.values():  # interrupted: leave no children behind
+                kill_group(r.proc.pid)
+                r.proc.wait()
+                r.log.close()
+        return [done[i] for i in range(len(jobs))]
