@@ -34,7 +34,7 @@ from mncore.ir.meta import TensorMeta, meta_of
 from mncore.ir.values import Data, Node, Seed
 from mncore.observe import metrics
 from mncore.trace import graph_for, rng
-from mncore.trace.record import value_of
+from mncore.trace.record import upload, value_of
 from mncore.trace.state import separate_trace
 from mncore.trace.tensor import LazyTensor, Storage
 
@@ -56,11 +56,6 @@ class MNDevice:
 
     def __repr__(self) -> str:
         return f"MNDevice({self.spec.name!r})"
-
-
-def _upload(t: torch.Tensor) -> Data:
-    metrics.add("bytes_to_device", t.numel() * t.element_size())
-    return Data(meta_of(t), t.detach().to(settings.exec_device, copy=True))
 
 
 def _describe(t: torch.Tensor) -> str:
@@ -115,7 +110,7 @@ class TensorProxy:
         if tuple(tensor.shape) != self._meta.shape or tensor.dtype != self._meta.dtype:
             raise ValueError(f"{what}: expected shape {list(self._meta.shape)} {self._meta.dtype}, "
                              f"got {list(tensor.shape)} {tensor.dtype}")
-        leaf = _upload(tensor)
+        leaf = upload(tensor)
         if self._name is not None:
             self._context._values[self._name] = leaf
         else:
@@ -180,7 +175,7 @@ class CompiledFunction:
                 raise TypeError(f"input {k!r} must be a torch.Tensor or TensorProxy, got {type(v).__name__}")
             if got.shape != m.shape or got.dtype != m.dtype:
                 raise ValueError(f"input {k!r}: expected shape {list(m.shape)} {m.dtype}, got {list(got.shape)} {got.dtype}")
-            leaves[k] = v._leaf() if isinstance(v, TensorProxy) else (leaf or _upload(v))
+            leaves[k] = v._leaf() if isinstance(v, TensorProxy) else (leaf or upload(v))
         return leaves
 
     def __call__(self, inputs: dict) -> dict[str, TensorProxy]:
@@ -202,6 +197,7 @@ class CompiledFunction:
         if self._exe is not None:
             executor.submit(Job(exe=self._exe, leaves=leaves, scalars=scalars, outs=outs))
         for name, i in self._state_updates.items():
+            outs[i].fallback = ctx._value(name)  # a failed call keeps the last good value
             ctx._values[name] = outs[i]
         result = {}
         for k, spec in self._out_specs.items():
@@ -284,7 +280,7 @@ class Context:
     def _value(self, name: str) -> Data:
         leaf = self._values.get(name)
         if leaf is None:
-            leaf = self._values[name] = _upload(self._registry[name])
+            leaf = self._values[name] = upload(self._registry[name])
         return leaf
 
     def get_registered_value_proxy(self, t: torch.Tensor) -> TensorProxy:
@@ -294,14 +290,19 @@ class Context:
         return TensorProxy(None, meta_of(t), self, name)
 
     def synchronize(self) -> None:
-        """Wait for all work; write every registered tensor's device value back into its host tensor."""
-        executor.wait_all()
+        """Wait for all work; write every registered tensor's device value back into its host tensor.
+
+        A call that failed since the last ``synchronize`` raises here, after the write-back: its
+        state updates never happened, so the host gets the last good values.
+        """
+        executor.drain()
         with torch.no_grad():
             for name, leaf in self._values.items():
                 host = self._registry[name]
                 buf = leaf.wait()
                 host.copy_(buf.to(host.device))
                 metrics.add("bytes_to_host", buf.numel() * buf.element_size())
+        executor.raise_errors()
 
     def release(self, write_back: bool = True) -> None:
         """Give up this context's device values (after writing them back unless ``write_back=False``)."""
@@ -325,7 +326,7 @@ class Context:
         self.cache_options = cache_options
         codegen_dir = pathlib.Path(codegen_dir)
         input_specs = {k: meta_of(v) for k, v in inputs.items()}
-        placeholders = {k: _upload(v) for k, v in inputs.items()}
+        placeholders = {k: upload(v) for k, v in inputs.items()}
         trace = _Trace(self, placeholders)
         outs, states, consts = trace.run(function)
         return trace.finish(outs, states, consts, input_specs, options, codegen_dir)

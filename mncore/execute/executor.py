@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import operator
 import queue
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,10 +85,14 @@ class Executor:
         metrics.add("wait_s", waited)
         return waited
 
-    def wait_all(self) -> None:
-        """Block until every submitted job finished; re-raise the first worker error."""
+    def drain(self) -> None:
+        """Block until every submitted job finished (errors stay queued)."""
         if self._thread is not None:
             self._q.join()
+
+    def wait_all(self) -> None:
+        """Block until every submitted job finished; re-raise the first worker error."""
+        self.drain()
         self.raise_errors()
 
     def raise_errors(self) -> None:
@@ -98,11 +103,17 @@ class Executor:
         raise err
 
     def shutdown(self) -> None:
-        """Drain the queue and stop the worker (at interpreter exit, so no thread dies mid-kernel)."""
+        """Drain the queue and stop the worker (at interpreter exit, so no thread dies mid-kernel);
+        a graph error nobody has seen yet is printed rather than lost."""
         if self._thread is not None and self._thread.is_alive():
             self._q.put(None)
             self._thread.join(timeout=60)
         self._thread = None
+        with self._lock:
+            unseen, self._errors = self._errors, []
+        for err in unseen:
+            print(f"mncore: a graph failed after the last sync()/wait_device_ops() and nothing read its "
+                  f"results: {err}", file=sys.stderr)
 
     def _loop(self) -> None:
         while True:
@@ -119,11 +130,13 @@ class Executor:
     def _run(self, job: Job) -> None:
         exe = job.exe
         t0 = timeline.now()
+        inherited = False
         try:
             args = [leaf.wait() for leaf in job.leaves] + job.scalars
-        except BaseException as e:  # an input came from a failed graph
+        except BaseException as e:  # an input came from a failed graph (already reported through it)
             args = None
             err: BaseException | None = e
+            inherited = True
         else:
             err = None
         job.prepared.set()
@@ -140,11 +153,13 @@ class Executor:
         if err is None:
             for leaf, o in zip(job.outs, outs):
                 buffers.put(leaf.bid, o)
+                leaf.fallback = None  # the new value exists: the old one may be freed
         else:
             for leaf in job.outs:
                 leaf.error = err
-            with self._lock:
-                self._errors.append(err)
+            if not inherited:
+                with self._lock:
+                    self._errors.append(err)
         for leaf in job.outs:
             leaf.ready.set()
         if result is not None and result.modelled_s is not None:
@@ -166,15 +181,22 @@ class Executor:
         if isinstance(exc, DeviceExecutionError):
             return exc
         if isinstance(exc, KernelFailed):
-            op, exc = f"{exc.node.target} (node {exc.node.name}, kernel {exc.kernel})", exc.exc
+            op, exc = _op_name(exc.node, f", kernel {exc.kernel}"), exc.exc
             return DeviceExecutionError(f"mncore: graph {exe.name} failed at op {op}: {type(exc).__name__}: {exc}")
         try:
             _FindFailingOp(exe.gm).run(*args)
         except _OpFailed as f:
-            op = f"{f.node.target} (node {f.node.name})"
+            op = _op_name(f.node)
         except Exception:  # noqa: BLE001 - best effort only
             pass
         return DeviceExecutionError(f"mncore: graph {exe.name} failed at op {op}: {type(exc).__name__}: {exc}")
+
+
+def _op_name(node: fx.Node, extra: str = "") -> str:
+    """The op, its FX node and where the user's program first traced it."""
+    site = node.meta.get("mn_site")
+    where = f"; first traced at {site[0]}:{site[1]} in {site[2]}" if site else ""
+    return f"{node.target} (node {node.name}{extra}{where})"
 
 
 def _conform_outputs(exe: Any, outs: tuple) -> tuple:
@@ -196,7 +218,7 @@ def _conform_outputs(exe: Any, outs: tuple) -> tuple:
                 if node.target is operator.getitem:  # one output of a multi-output op: name the op
                     node = node.args[0]
                 raise DeviceExecutionError(
-                    f"mncore: graph {exe.name} failed at op {node.target} (node {node.name}): it returned "
+                    f"mncore: graph {exe.name} failed at op {_op_name(node)}: it returned "
                     f"{list(o.shape)} {o.dtype} but was traced as {list(m.shape)} {m.dtype}; its inputs are probably invalid")
             o = torch.zeros(m.shape, dtype=m.dtype, device=o.device)
         elif o.dtype != m.dtype and not (exe.policy == "double" and o.dtype == torch.float64):

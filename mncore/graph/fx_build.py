@@ -70,6 +70,7 @@ def build(c: Collected, exec_device: torch.device) -> fx.Graph:
         kwargs = {k: rebuild(v, it) for k, v in tkw}
         node = g.call_function(lower(n.target), args, kwargs)
         node.meta["mn"] = list(n.sig.metas)
+        node.meta["mn_site"] = n.sig.site
         node.meta["mn_tuple"] = n.nout != 0
         env.append(node)
     g.output(tuple(env[j] if nodes[j].nout == 0 else ref_value((nodes[j], i)) for j, i in outputs))

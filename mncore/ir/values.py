@@ -20,13 +20,15 @@ _seq = itertools.count()
 class OpSig:
     """One interned op signature: ``id`` numbers it in graph keys; ``key`` is what was interned."""
 
-    __slots__ = ("id", "key", "struct", "metas")
+    __slots__ = ("id", "key", "struct", "metas", "site")
 
-    def __init__(self, id: int, key: tuple, struct: Any, metas: tuple[TensorMeta | None, ...]):
+    def __init__(self, id: int, key: tuple, struct: Any, metas: tuple[TensorMeta | None, ...],
+                 site: tuple[str, int, str] | None = None):
         self.id = id
         self.key = key  # (target, tensor-free args, kwargs, input metas)
         self.struct = struct  # None: one tensor; 'none': no output; else the container type
         self.metas = metas
+        self.site = site  # where in the user's program it was first traced (errors name it)
 
 
 class Node:
@@ -53,9 +55,11 @@ class Data:
 
     A leaf produced by a submitted job is a placeholder until the worker fills it; ``ready``
     is set then (or ``error`` is stored), so host reads wait only for the graph they need.
+    ``fallback`` is the value the leaf replaces (an in-place update's previous value): if the
+    job fails, readers get that value instead of the error; the worker drops it on success.
     """
 
-    __slots__ = ("bid", "meta", "ready", "error", "graph", "on_board", "__weakref__")
+    __slots__ = ("bid", "meta", "ready", "error", "graph", "on_board", "fallback", "__weakref__")
 
     def __init__(self, meta: TensorMeta, tensor: Any = None):
         self.bid = buffers.new_id()
@@ -63,6 +67,7 @@ class Data:
         self.error: BaseException | None = None
         self.graph: str | None = None
         self.on_board = False  # simulated devices: whether its host->device copy was already modelled
+        self.fallback: Data | None = None
         if tensor is not None:
             buffers.put(self.bid, tensor)
             self.ready = None
@@ -70,10 +75,13 @@ class Data:
             self.ready = threading.Event()
 
     def wait(self) -> Any:
-        """Block until the buffer exists, then return it (re-raising a worker error)."""
+        """Block until the buffer exists, then return it (re-raising a worker error, unless the
+        leaf has a value to fall back to)."""
         if self.ready is not None:
             self.ready.wait()
         if self.error is not None:
+            if self.fallback is not None:
+                return self.fallback.wait()
             raise self.error
         return buffers.get(self.bid)
 

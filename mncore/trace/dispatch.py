@@ -197,7 +197,8 @@ def factory(func: Any):
         require_init()
         t0 = perf_counter()
         try:
-            return functional(info, func, args, kwargs)
+            with tracer.lock:
+                return functional(info, func, args, kwargs)
         finally:
             metrics.add("trace_s", perf_counter() - t0)
 

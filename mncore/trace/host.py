@@ -19,6 +19,7 @@ from mncore.observe import metrics
 from mncore.trace import views
 from mncore.trace.infer import FallbackNeeded
 from mncore.trace.record import new_tensor, record, wrap
+from mncore.trace.sites import describe, user_site
 from mncore.trace.state import tracer
 from mncore.trace.sync import sync
 from mncore.trace.tensor import DEVICE_NAME, LazyTensor
@@ -28,21 +29,11 @@ aten = torch.ops.aten
 _warned_sites: set = set()
 
 
-def _user_site() -> tuple[str, int, str]:
-    f = sys._getframe(1)
-    while f is not None:
-        fn = f.f_code.co_filename
-        if "/torch/" not in fn and "/mncore/" not in fn and not fn.startswith("<"):
-            return fn, f.f_lineno, f.f_code.co_name
-        f = f.f_back
-    return "<no Python frame: autograd engine thread>", 0, "backward"
-
-
 def implicit_sync(reason: str) -> None:
     """A value is needed on the host while work is still pending: handle per the configured mode."""
     mode = settings.implicit_sync
-    site = _user_site()
-    where = f"{site[0]}:{site[1]} in {site[2]}"
+    site = user_site() or ("<no Python frame: autograd engine thread>", 0, "backward")
+    where = describe(site)
     if mode == "error":
         raise ImplicitSyncError(
             f"mncore: {reason} reads a tensor value before mncore.sync() at {where}; call mncore.sync() "
@@ -64,9 +55,11 @@ def realize(t: LazyTensor, reason: str) -> torch.Tensor:
     if tracer.capture is not None:  # Context API tracing: even a ready value would be baked in
         raise ImplicitSyncError(f"{reason} reads a tensor value while a Context function is being compiled")
     st = t.mn_storage
-    if type(st.value[0]) is Node:
-        implicit_sync(reason)
-    buf = st.value[0].wait()
+    with tracer.lock:  # another thread may be writing or cutting this value
+        if type(st.value[0]) is Node:
+            implicit_sync(reason)
+        leaf = st.value[0]
+    buf = leaf.wait()
     for op, args, _ in t.mn_chain:
         buf = views.apply_eager(op, args, buf)
     shape, stride, dtype = t.mn_meta

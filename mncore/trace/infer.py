@@ -7,6 +7,7 @@ import torch
 
 from mncore.ir.meta import meta_of
 from mncore.ir.values import DEV, OpSig, ScalarMarker, T
+from mncore.trace.sites import user_site
 from mncore.trace.state import tracer
 
 
@@ -63,5 +64,5 @@ def signature(target: Any, targs: tuple, tkw: tuple, inputs: list, sigs: list) -
     sig = cache.get(key)
     if sig is None:
         struct, metas = _infer(target, targs, tkw, inputs, sigs)
-        sig = cache[key] = OpSig(len(cache), key, struct, metas)
+        sig = cache[key] = OpSig(len(cache), key, struct, metas, user_site())
     return sig

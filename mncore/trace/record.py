@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from mncore.config import require_init, settings
+from mncore.devices import registry
 from mncore.ir import ops as opinfo
 from mncore.ir.meta import TensorMeta, meta_of
 from mncore.ir.targets import MutateFn, Seeded, random_supported
@@ -16,6 +17,7 @@ from mncore.observe import metrics
 from mncore.observe.hooks import op_observers
 from mncore.trace import rng
 from mncore.trace.infer import FallbackNeeded, signature
+from mncore.trace.sites import user_site
 from mncore.trace.state import tracer
 from mncore.trace.tensor import DEVICE_NAME, LazyTensor, RefArg, Storage
 
@@ -46,13 +48,20 @@ def new_tensor(ref: tuple, meta: TensorMeta) -> LazyTensor:
     return LazyTensor(meta, st)
 
 
-def from_host(tensor: torch.Tensor) -> LazyTensor:
-    """Upload a host tensor as a new device buffer."""
+def upload(tensor: torch.Tensor) -> Data:
+    """A copy of a host tensor as a new device buffer (counted against the device's memory)."""
     require_init()
-    meta = meta_of(tensor)
-    leaf = Data(meta, tensor.to(settings.exec_device, copy=True))
-    metrics.add("bytes_to_device", tensor.numel() * tensor.element_size())
-    return new_tensor((leaf, 0), meta)
+    nbytes = tensor.numel() * tensor.element_size()
+    registry.active().check_upload(nbytes, f"a {tuple(tensor.shape)} {tensor.dtype} tensor")
+    leaf = Data(meta_of(tensor), tensor.detach().to(settings.exec_device, copy=True))
+    metrics.add("bytes_to_device", nbytes)
+    return leaf
+
+
+def from_host(tensor: torch.Tensor) -> LazyTensor:
+    """Upload a host tensor as a new lazy tensor."""
+    leaf = upload(tensor)
+    return new_tensor((leaf, 0), leaf.meta)
 
 
 def _norm(a: Any, inputs: list, sigs: list, lift: bool) -> Any:
@@ -85,9 +94,9 @@ def _norm(a: Any, inputs: list, sigs: list, lift: bool) -> Any:
                 f"Expected all tensors to be on the same device, but found a {a.device} tensor of shape "
                 f"{tuple(a.shape)} mixed with mncore tensors; move it with .to('mncore') first"
             )
-        meta = meta_of(a)
-        inputs.append((Data(meta, a.to(settings.exec_device, copy=True)), 0))
-        sigs.append(meta)
+        leaf = upload(a)
+        inputs.append((leaf, 0))
+        sigs.append(leaf.meta)
         return T
     if tp is torch.device:
         return DEV if a.type == DEVICE_NAME else a
@@ -126,17 +135,6 @@ def _norm_call(info: Any, args: tuple, kwargs: dict, inputs: list, sigs: list) -
     return tuple(targs), tkw
 
 
-def _frame() -> Any:
-    """The first user frame outside torch and mncore (only recorded for MNCORE_DEBUG)."""
-    f = sys._getframe(2)
-    while f is not None:
-        fn = f.f_code.co_filename
-        if "/torch/" not in fn and "/mncore/" not in fn:
-            return (fn, f.f_lineno, f.f_code.co_name)
-        f = f.f_back
-    return None
-
-
 def record(info: Any, target: Any, args: tuple, kwargs: dict) -> Node:
     """Trace one functional call; returns its node (``node.sig`` holds the output metadata)."""
     inputs: list = []
@@ -152,7 +150,7 @@ def record(info: Any, target: Any, args: tuple, kwargs: dict) -> Node:
         target = _seeded(target, info.op)
         targs = (SCALAR_MARKERS[int],) + targs
         inputs.insert(0, Seed(rng.next_seed()))
-    node = Node(target, (targs, tkw), tuple(inputs), sig, _frame() if tracer.record_frames else None)
+    node = Node(target, (targs, tkw), tuple(inputs), sig, user_site() if tracer.record_frames else None)
     metrics.accumulator()["traced_ops"] += 1
     return node
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 import weakref
 from typing import Iterator
 
@@ -9,9 +10,16 @@ from mncore.ir.values import OpSig
 
 
 class Tracer:
-    """Pending storages (graph roots) since the last cut, the cut counter, interned op signatures."""
+    """Pending storages (graph roots) since the last cut, the cut counter, interned op signatures.
+
+    ``lock`` makes each traced op and each graph cut atomic, so that several threads may trace
+    (each op is recorded whole, and a cut never sees half a submission). It is re-entrant (an op
+    may cut the graph for a host read) and never held while user code runs: autograd's engine
+    thread traces backward while the thread that called ``backward()`` waits.
+    """
 
     def __init__(self) -> None:
+        self.lock = threading.RLock()
         self.pending: weakref.WeakSet = weakref.WeakSet()
         self.epoch = 0  # bumped at every graph cut: cached view values of older epochs are stale
         self.sig_cache: dict[tuple, OpSig] = {}

@@ -35,9 +35,25 @@ def graph_for(refs: list[tuple], options: tuple = ()) -> tuple[Executable, list[
 
 
 def sync(wait: bool = False, reason: str = "user") -> None:
-    """Cut, compile (or reuse) and submit the pending graph; returns without waiting in async modes."""
+    """Cut, compile (or reuse) and submit the pending graph; returns without waiting in async modes.
+
+    A graph that failed since the last ``sync()`` raises here (in ``execution="sync"``, the graph
+    this call ran); an implicit sync (a host read) raises only for the value it reads.
+    """
     require_init()
-    executor.raise_errors()
+    user = reason == "user"
+    if user:
+        executor.raise_errors()
+    with tracer.lock:
+        _cut(reason)
+    if user and settings.execution == "sync":
+        executor.raise_errors()
+    if wait:
+        executor.wait_all()
+
+
+def _cut(reason: str) -> None:
+    """Collect every pending root, submit their graph and point the roots at its output leaves."""
     t0 = timeline.now()
     waited = 0.0
     timeline.record("host", "trace", _last_sync_end[0], t0)
@@ -56,8 +72,6 @@ def sync(wait: bool = False, reason: str = "user") -> None:
     timeline.record("host", f"sync ({reason})", t0, t1)
     metrics.add("sync_s", t1 - t0 - waited)
     _last_sync_end[0] = t1
-    if wait:
-        executor.wait_all()
 
 
 def _submit(storages: list) -> float:
@@ -74,6 +88,9 @@ def _submit(storages: list) -> float:
         leaf.graph = exe.name
         out_leaves.append(leaf)
         for s in group:
+            if s.committed is not None:
+                leaf.fallback = leaf.fallback or s.committed[0]
+                s.committed = None
             s.value = (leaf, 0)
             s.version += 1
     return executor.submit(Job(exe=exe, leaves=leaves, scalars=[s.value for s in scalars], outs=out_leaves))

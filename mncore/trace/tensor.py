@@ -19,14 +19,20 @@ DEVICE_NAME = "mncore"
 
 
 class Storage:
-    """The value all views of one base tensor share; ``version`` changes on every write."""
+    """The value all views of one base tensor share; ``version`` changes on every write.
 
-    __slots__ = ("value", "version", "meta", "__weakref__")
+    ``committed`` is the device value the first write since the last graph cut replaced: the graph
+    that computes the new value falls back to it if it fails, so one failing graph does not poison
+    the tensor (it is dropped again when that graph is submitted).
+    """
+
+    __slots__ = ("value", "version", "meta", "committed", "__weakref__")
 
     def __init__(self, value: tuple, meta: TensorMeta):
         self.value = value
         self.version = 0
         self.meta = meta
+        self.committed: tuple | None = None
 
 
 class RefArg:
@@ -59,12 +65,14 @@ class LazyTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         # Inlined (the hot path of every traced op): route once per op, count the time as trace_s.
         t0 = perf_counter()
+        _lock_acquire()
         try:
             hit = _routes.get(func)
             if hit is None:
                 hit = _route(func)
             return hit[1](hit[0], func, args, kwargs or _NO_KWARGS)
         finally:
+            _lock_release()
             _accumulator()["trace_s"] += perf_counter() - t0
 
     # Host-side conveniences that must not go through the tracer op by op.
@@ -122,3 +130,6 @@ def device() -> torch.device:
 # The handlers use LazyTensor, so they are imported after it (mncore/trace/__init__ imports this module first).
 from mncore.trace import host as _host  # noqa: E402
 from mncore.trace.dispatch import NO_KWARGS as _NO_KWARGS, route as _route, routes as _routes  # noqa: E402
+from mncore.trace.state import tracer as _tracer  # noqa: E402
+
+_lock_acquire, _lock_release = _tracer.lock.acquire, _tracer.lock.release

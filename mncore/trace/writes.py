@@ -13,6 +13,7 @@ from mncore.errors import ImplicitSyncError
 from mncore.ir import ops as opinfo
 from mncore.ir.meta import TensorMeta
 from mncore.ir.targets import MutateFn
+from mncore.ir.values import Data
 from mncore.trace import views
 from mncore.trace.host import fallback, realize_all
 from mncore.trace.infer import FallbackNeeded
@@ -28,6 +29,8 @@ def write(target: LazyTensor, ref: tuple, meta: TensorMeta, what: str = "") -> N
     tm = target.mn_meta
     if meta == tm and not target.mn_chain and "mn_readonly" not in target.__dict__:  # the common case
         st = target.mn_storage
+        if type(st.value[0]) is Data:
+            st.committed = st.value
         st.value = ref
         st.version += 1
         tracer.pending.add(st)
@@ -71,6 +74,8 @@ def write(target: LazyTensor, ref: tuple, meta: TensorMeta, what: str = "") -> N
                     "unsupported operation: more than one element of the written-to tensor refers to a "
                     "single memory location. Please clone() the tensor before performing the operation."
                 )
+    if type(st.value[0]) is Data:
+        st.committed = st.value
     st.value = ref
     st.version += 1
     tracer.pending.add(st)

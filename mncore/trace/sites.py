@@ -1,0 +1,25 @@
+"""Where in the user's program an op was traced: the first frame outside torch and mncore."""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["mncore"]))
+
+
+def user_site() -> tuple[str, int, str] | None:
+    """(file, line, function) of the innermost user frame; None on a thread with no user frame
+    (autograd's engine thread runs backward without one)."""
+    f = sys._getframe(1)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(_LIBRARY_DIRS) and not name.startswith("<"):
+            return name, f.f_lineno, f.f_code.co_name
+        f = f.f_back
+    return None
+
+
+def describe(site: tuple[str, int, str] | None) -> str:
+    return f"{site[0]}:{site[1]} in {site[2]}" if site else "<no Python frame: autograd engine thread>"
