@@ -15,11 +15,12 @@ import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
 
-from mncore.errors import ConfigError
+from mncore.errors import ConfigError, DirectoryError
 
 IMPLICIT_SYNC_MODES = ("error", "warn", "silent")
 EXECUTION_MODES = ("sync", "async_naive", "async")
@@ -181,6 +182,21 @@ def override(**values: Any) -> Iterator[None]:
 
 def runtime_dir() -> str:
     return get("runtime_dir") or os.path.join(tempfile.gettempdir(), f"mncore-{os.getuid()}")
+
+
+def ensure_directory(path: str | os.PathLike, what: str, fix: str) -> Path:
+    """``path`` as an existing directory (created if missing); ``DirectoryError`` naming ``what`` it is
+    for and ``fix`` when it is a file or cannot be created or written."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise DirectoryError(f"mncore: {what} {p} is a file, not a directory; {fix}") from None
+    except OSError as e:
+        raise DirectoryError(f"mncore: cannot create {what} {p} ({e.strerror}); {fix}") from None
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise DirectoryError(f"mncore: {what} {p} is not writable; {fix}")
+    return p
 
 
 @dataclass

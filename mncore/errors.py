@@ -42,6 +42,10 @@ class CacheCorruptWarning(UserWarning):
     """A cache entry failed its checksum or could not be decoded; it is recompiled and replaced."""
 
 
+class DirectoryError(OSError):
+    """A directory mncore writes to (compile cache, codegen, board locks) is not a usable directory."""
+
+
 class InputError(KeyError):
     """A Context call or compile got inputs that do not match the compiled sample (names the key)."""
 

@@ -161,3 +161,59 @@ def test_host_to_device_copy_counts_against_simulated_dram(sim_env):
     with pytest.raises(DeviceOutOfMemoryError, match=r"copying a \(3000, 1000\) torch.float32 tensor \(12,000,000 bytes\)"):
         torch.ones(3000, 1000).mncore()
     assert (small * 2).sum().item() == 2000.0  # what fits still works
+
+
+# -- directories mncore writes to: a clear error naming the knob and the fix, never a raw OSError
+
+
+def _train_one(x: torch.Tensor) -> None:
+    (x.mncore() * 2).sum().item()
+
+
+def test_cache_dir_that_is_a_file_or_unwritable(monkeypatch, tmp_path):
+    from mncore.cache import memory
+    from mncore.errors import DirectoryError
+
+    a_file = tmp_path / "cache"
+    a_file.write_text("not a directory")
+    monkeypatch.setenv("MNCORE_CACHE_DIR", str(a_file))
+    memory.clear()
+    with pytest.raises(DirectoryError, match=r"compile cache directory .*cache .*is a file"):
+        _train_one(torch.ones(3))
+    monkeypatch.setenv("MNCORE_CACHE_DIR", str(a_file / "sub"))  # cannot be created: its parent is a file
+    memory.clear()
+    with pytest.raises(DirectoryError, match=r"cannot create the compile cache directory.*MNCORE_CACHE_READONLY=1"):
+        _train_one(torch.ones(4))
+    monkeypatch.setenv("MNCORE_CACHE_READONLY", "1")  # the fix the message names works
+    memory.clear()
+    _train_one(torch.ones(4))
+
+
+def test_runtime_dir_that_is_a_file(sim_env, tmp_path):
+    from mncore.errors import DirectoryError
+
+    a_file = tmp_path / "runtime-file"
+    a_file.write_text("")
+    sim_env.setenv("MNCORE_RUNTIME_DIR", str(a_file))
+    with pytest.raises(DirectoryError, match="MNCORE_RUNTIME_DIR"):
+        mncore.init("mncore2:auto")
+    assert mncore.settings.device == "pfvm:cpu"  # a failed init leaves the runtime as it was
+
+
+def test_codegen_dir_none_or_a_file(tmp_path, monkeypatch):
+    ctx = Context(MNDevice("pfvm:cpu"))
+    fn = lambda d: {"y": d["x"] * 2}  # noqa: E731
+    with pytest.raises(TypeError, match="codegen_dir must be a directory path"):
+        ctx.compile(fn, {"x": torch.ones(2)}, None)
+    a_file = tmp_path / "out.txt"
+    a_file.write_text("")
+    with pytest.raises(ValueError, match="is a file; give a directory"):
+        ctx.compile(fn, {"x": torch.ones(2)}, a_file)
+    Context.switch_context(Context(MNDevice("pfvm:cpu")))
+    from mncore.errors import DirectoryError
+    from mncore.cache import memory
+
+    monkeypatch.setenv("MNCORE_CODEGEN_DIR", str(a_file))
+    memory.clear()
+    with pytest.raises(DirectoryError, match="codegen directory"):
+        _train_one(torch.ones(5))

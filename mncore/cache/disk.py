@@ -34,7 +34,7 @@ from mncore.compile.executable import Executable
 from mncore.compile.fingerprint import compiler_version
 from mncore.compile.fusion import Kernel
 from mncore.devices.base import Device
-from mncore.errors import CacheCorruptWarning, CacheLockTimeout
+from mncore.errors import CacheCorruptWarning, CacheLockTimeout, DirectoryError
 from mncore.observe import metrics
 from mncore.sim.cost import costs_path
 
@@ -99,7 +99,7 @@ def _decode(data: bytes, key: Any, device: Device) -> Executable:
 def _read(path: Path, key: Any, device: Device) -> Executable | None:
     try:
         raw = path.read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no entry (or no directory) yet
         return None
     digest_end = len(MAGIC) + 64
     try:
@@ -139,7 +139,7 @@ def _write(path: Path, exe: Executable) -> None:
 def _stat(path: Path) -> tuple | None:
     try:
         st = path.stat()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     return (st.st_mtime_ns, st.st_size, st.st_ino)
 
@@ -151,6 +151,9 @@ def get_or_compile(name: str, policy: str, key: Any, device: Device,
     if loc is None or lowering.has_overrides():
         return compile_fn()
     directory, read_only = loc
+    if directory.exists() and not directory.is_dir():
+        raise DirectoryError(f"mncore: the compile cache directory {directory} (MNCORE_CACHE_DIR or "
+                             "CacheOptions(path)) is a file; point it at a directory")
     path = entry_path(directory, name, device.kind, policy)
     seen = _stat(path)
     exe = _read(path, key, device)
@@ -160,7 +163,9 @@ def get_or_compile(name: str, policy: str, key: Any, device: Device,
     metrics.add("disk_cache_misses")
     if read_only:
         return compile_fn()
-    directory.mkdir(parents=True, exist_ok=True)
+    config.ensure_directory(directory, "the compile cache directory (MNCORE_CACHE_DIR or CacheOptions(path))",
+                            "make it writable, or read a shared cache without writing to it with "
+                            "MNCORE_CACHE_READONLY=1 or CacheOptions(path, read_only=True)")
     lock = filelock.FileLock(str(path) + ".lock")
     timeout = config.get("lock_timeout")
     try:

@@ -21,6 +21,7 @@ import torch.fx as fx
 import zstandard
 
 from mncore._version import __version__
+from mncore.config import ensure_directory
 from mncore.compile.executable import Executable
 
 ZSTD_THRESHOLD = 1 << 20
@@ -123,8 +124,7 @@ def write_onnx(path: pathlib.Path, exe: Executable, enabled: bool) -> dict[str, 
 
 def write(path: str | os.PathLike, exe: Executable | None, man: dict[str, Any], onnx: bool = False) -> pathlib.Path:
     """Write manifest, program listing, FX code and (with the onnx extra) ``model.onnx`` of ``exe``."""
-    path = pathlib.Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    path = ensure_directory(path, "the codegen directory", "give a directory path (codegen_dir / MNCORE_CODEGEN_DIR)")
     if exe is not None:
         _write(path, "program.txt", program_text(exe))
         _write(path, "graph.py", exe.gm.code)

@@ -322,6 +322,12 @@ class Context:
         if cache_options is not None and not isinstance(cache_options, CacheOptions):
             raise TypeError(f"cache_options must be a CacheOptions, got {type(cache_options).__name__}")
         _check_dict(inputs, "inputs")
+        if not isinstance(codegen_dir, (str, os.PathLike)):
+            raise TypeError(f"codegen_dir must be a directory path (str or os.PathLike), got "
+                            f"{type(codegen_dir).__name__}; e.g. storage.path('/tmp/mncore/step')")
+        if pathlib.Path(codegen_dir).is_file():
+            raise ValueError(f"codegen_dir {codegen_dir} is a file; give a directory (it will hold manifest.json, "
+                             "program.txt and graph.py)")
         Context.switch_context(self)
         self.cache_options = cache_options
         codegen_dir = pathlib.Path(codegen_dir)

@@ -20,9 +20,8 @@ from mncore.errors import BoardLockTimeout
 
 
 def runtime_dir() -> Path:
-    d = Path(config.runtime_dir())
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    return config.ensure_directory(config.runtime_dir(), "the board lock directory (MNCORE_RUNTIME_DIR)",
+                                   "set MNCORE_RUNTIME_DIR to a writable directory")
 
 
 @dataclass(eq=False)
