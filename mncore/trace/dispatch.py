@@ -73,8 +73,18 @@ def _child(parent: LazyTensor, meta: tuple, chain: tuple) -> LazyTensor:
     return t
 
 
+def check_device_index(device: Any) -> None:
+    """There is one ``mncore`` device (index 0); ``mncore:1`` must not silently mean ``mncore:0``."""
+    if device is not None:
+        d = torch.device(device)
+        if d.type == DEVICE_NAME and d.index not in (None, 0):
+            raise ValueError(f"mncore has one device, 'mncore' (index 0); got {str(d)!r}. The execution device "
+                             "behind it is chosen with mncore.init (e.g. init('pfvm:cuda:1'), init('mncore2:1'))")
+
+
 def _to_copy(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     dev = kwargs.get("device")
+    check_device_index(dev)
     if dev is not None and torch.device(dev).type != DEVICE_NAME:
         src = args[0]
         buf = host_value(src, ".cpu()/.to(device)")
@@ -195,6 +205,7 @@ def factory(func: Any):
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         require_init()
+        check_device_index(kwargs.get("device"))
         t0 = perf_counter()
         try:
             with tracer.lock:

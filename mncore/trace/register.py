@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from mncore.trace import rng
+from mncore.trace import autocast, rng
 from mncore.trace.dispatch import factory
 from mncore.trace.sync import wait_device_ops
 from mncore.trace.tensor import DEVICE_NAME, LazyTensor
@@ -62,11 +62,17 @@ class DeviceModule:
         rng.set_state(tuple(int(v) for v in state.tolist()))
 
     @staticmethod
+    def get_amp_supported_dtype() -> list[torch.dtype]:
+        """``torch.autocast('mncore', dtype=...)``: the lower-precision dtypes graphs can compute in."""
+        return [torch.float16, torch.bfloat16]
+
+    @staticmethod
     def synchronize(device: Any = None) -> None:
         wait_device_ops()
 
 
 _lib: Any = None
+_fallback_lib: Any = None
 
 
 def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -145,6 +151,31 @@ def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
     return dst
 
 
+def _no_pinning_for_mncore() -> None:
+    """``DataLoader(pin_memory=True)`` pins for the current accelerator, which is ``mncore`` once it is
+    registered. Its device buffers are host memory, so there is nothing to pin: skip pinning for it, as
+    DataLoader itself does for MPS (without this, PyTorch fails asking for a C++ pinned allocator)."""
+    import torch.utils.data._utils.pin_memory as pinning
+
+    pin = pinning.pin_memory
+
+    def pin_memory(data: Any, device: Any = None) -> Any:
+        if device is not None and torch.device(device).type == DEVICE_NAME:
+            return data
+        return pin(data, device)
+
+    pinning.pin_memory = pin_memory
+
+
+def _refuse_storage_restore(obj: Any, location: str) -> Any:
+    """``torch.load(map_location='mncore')``: lazy tensors have no storage to restore into."""
+    if location == DEVICE_NAME or location.startswith(DEVICE_NAME + ":"):
+        raise RuntimeError("torch.load(map_location='mncore') cannot restore storages on the mncore device (its "
+                           "tensors have no storage); load on the CPU and move the result: "
+                           "model.load_state_dict(torch.load(f, map_location='cpu')); model.to('mncore')")
+    return None
+
+
 def register() -> None:
     """Idempotent: rename PrivateUse1, install hooks, device module and factory kernels."""
     global _lib
@@ -166,6 +197,11 @@ def register() -> None:
     _lib.impl("_thnn_fused_gru_cell", _fused_gru_cell, "AutogradPrivateUse1")
     _lib.impl("gru.input", _gru, "AutogradPrivateUse1")
     _lib.impl("_copy_from_and_resize", _copy_from, "PrivateUse1")
+    global _fallback_lib
+    _fallback_lib = torch.library.Library("_", "IMPL")
+    autocast.register(_lib, _fallback_lib)
+    _no_pinning_for_mncore()
+    torch.serialization.register_package(15, lambda obj: None, _refuse_storage_restore)
     # Module.to('mncore') must keep parameter identity (optimizers, tied weights): swap, don't copy.
     torch.__future__.set_swap_module_params_on_conversion(True)
     # Let torch.optim pick its foreach (multi-tensor) path for mncore tensors, as it does for CUDA:

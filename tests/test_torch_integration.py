@@ -1,0 +1,86 @@
+"""What PyTorch expects of a device backend works with mncore, or fails with a clear error.
+
+Reproduced first (after ``import mncore``): ``DataLoader(pin_memory=True)``, ``torch.load(...,
+map_location="mncore")`` and ``torch.autocast("mncore")`` crashed inside PyTorch; ``x.to("mncore:1")``
+silently used device 0; ``import mncore`` after a CPU backward pass hit an internal assert of the
+autograd engine.
+"""
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import mncore
+
+
+def test_import_after_a_cpu_backward_pass_works():
+    code = (
+        "import torch\n"
+        "x = torch.randn(3, requires_grad=True); (x * 2).sum().backward()\n"
+        "import mncore\nmncore.init_cpu()\n"
+        "y = torch.ones(3).mncore().requires_grad_(); (y * 3).sum().backward(); mncore.sync()\n"
+        "print(y.grad.cpu().tolist())\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[-2] == "[3.0, 3.0, 3.0]"
+
+
+def test_device_is_registered_at_import_torch():
+    r = subprocess.run([sys.executable, "-c", "import sys, torch; print('mncore' in sys.modules, "
+                        "torch._C._get_privateuse1_backend_name())"], capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["True", "mncore"], r.stderr
+
+
+def test_dataloader_pin_memory_feeds_mncore_training():
+    data = torch.utils.data.TensorDataset(torch.arange(12.0).reshape(6, 2))
+    batches = [b[0] for b in torch.utils.data.DataLoader(data, batch_size=3, pin_memory=True)]
+    assert [b.tolist() for b in batches] == [[[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]], [[6.0, 7.0], [8.0, 9.0], [10.0, 11.0]]]
+    assert (batches[1].mncore() * 2).sum().item() == 102.0
+
+
+def test_torch_load_to_mncore_says_how_instead():
+    buf = io.BytesIO()
+    torch.save({"w": torch.randn(3)}, buf)
+    buf.seek(0)
+    with pytest.raises(RuntimeError, match=r"map_location='cpu'\)\); model.to\('mncore'\)"):
+        torch.load(buf, map_location="mncore")
+    buf.seek(0)
+    assert torch.load(buf, map_location="cpu")["w"].shape == (3,)  # other locations are untouched
+
+
+def test_saving_an_mncore_tensor_loads_back_on_the_cpu():
+    x = torch.arange(4.0).mncore() * 2
+    buf = io.BytesIO()
+    torch.save(x, buf)
+    buf.seek(0)
+    y = torch.load(buf)
+    assert y.device.type == "cpu" and y.tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+@pytest.mark.parametrize("where", ["mncore:1", torch.device("mncore", 2)])
+def test_other_device_indices_are_refused(where):
+    with pytest.raises(ValueError, match="mncore has one device"):
+        torch.ones(2).to(where)
+    with pytest.raises(ValueError, match="mncore has one device"):
+        torch.zeros(2, device=where)
+    assert torch.ones(2).to("mncore:0").device == torch.device("mncore", 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_on_mncore_matches_cpu_autocast(dtype):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    with torch.autocast("cpu", dtype=dtype):
+        want = model(x)
+    lazy = model.to("mncore")
+    with torch.autocast("mncore", dtype=dtype):
+        got = lazy(x.mncore())
+    assert got.dtype == want.dtype == dtype
+    # both run the same lower-precision kernels on the CPU; only summation order may differ
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-2, atol=1e-2)
