@@ -3,7 +3,8 @@ or a hang costs that cell's result and never the run.
 
 A ``Job`` is ``python -m MODULE ARGS...`` that writes its result to a file; ``CellRunner`` starts
 jobs (``--jobs N`` at a time) in their own process group with a log file, kills the whole group
-on timeout, and turns every ending into an ``Outcome``: the result file, a ``timeout``, an ``oom``
+on timeout or when the run is interrupted, makes each child die with the parent (Linux:
+``PR_SET_PDEATHSIG``), and turns every ending into an ``Outcome``: the result file, a ``timeout``, an ``oom``
 or a ``crash`` (a signal or an exit without a result), with the log's tail as the reason.
 The tier runner, the performance reports and the registry recorder run their cells through it;
 the fuzz worker (a fork server, not ``python -m``) shares the kill, log and exit rules below.
@@ -11,6 +12,7 @@ the fuzz worker (a fork server, not ``python -m``) shares the kill, log and exit
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -28,6 +30,35 @@ OOM_EXIT_CODES = (-9, 137)  # SIGKILL (the kernel's OOM killer) seen directly or
 TAIL_CHARS = 800  # log tail searched for an out-of-memory message
 REASON_CHARS = 400  # of which the reason keeps this much
 T = TypeVar("T")
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _resolve_prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, looked up here in the parent: the child may only call it (no loader locks)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _resolve_prctl()
+
+
+def _die_with_parent(parent: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGKILL the child when the parent dies (even by SIGKILL,
+    which no handler sees), and ends a child whose parent is already gone. None off Linux."""
+    if _PRCTL is None:
+        return None
+    prctl = _PRCTL
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died between fork and prctl
+            os._exit(1)
+
+    return preexec
 
 
 def child_env() -> dict[str, str]:
@@ -111,7 +142,8 @@ class CellRunner:
         job.result.unlink(missing_ok=True)
         log = job.log.open("w")
         proc = subprocess.Popen([PYTHON, "-m", job.module, *job.args], stdout=log, stderr=subprocess.STDOUT,
-                                env=child_env(), cwd=ROOT, start_new_session=True)
+                                env=child_env(), cwd=ROOT, start_new_session=True,
+                                preexec_fn=_die_with_parent(os.getpid()))
         return _Running(job, proc, log, time.monotonic())
 
     def _end(self, r: _Running, timed_out: bool) -> Outcome:
@@ -149,8 +181,9 @@ class CellRunner:
                     self.bar.step(f"{r.job.label}: {status(done[i])} ({outcome.wall_s:.0f}s)")
                 time.sleep(0.05)
         finally:
-            for r in running.values():  # interrupted: leave no children behind
+            for r in running.values():  # interrupted: leave no children behind (all killed before any wait)
                 kill_group(r.proc.pid)
+            for r in running.values():
                 r.proc.wait()
                 r.log.close()
         return [done[i] for i in range(len(jobs))]

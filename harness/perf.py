@@ -272,6 +272,7 @@ def _run_timed(step: Any, steps: int, warmup: int) -> tuple[dict, Any]:
     import mncore
     from mncore import profile
 
+    mncore.wait_device_ops()  # counters are read only with no graph in flight (the worker counts them)
     w0 = mncore.metrics.counters()
     t = time.perf_counter()
     last = None

@@ -51,8 +51,8 @@ def record_one(name: str, config: str, out: Path, lazy: bool = True, max_batch: 
                 batch = model_zoo.batch_to(spec.make_batch(config, batch_size=n, seed=step), "mncore")
                 model_zoo.train_step(spec, model, opt, batch)
                 mncore.sync()
+                mncore.wait_device_ops()  # the worker's counters are final only once the graphs finished
                 after = mncore.metrics.counters()
-        mncore.wait_device_ops()
         info["implicit_syncs_per_step"] = after["implicit_syncs"] - before["implicit_syncs"]
         info["fallback_ops_per_step"] = after["fallback_ops"] - before["fallback_ops"]
         info["traced_ops_per_step"] = after["traced_ops"] - before["traced_ops"]

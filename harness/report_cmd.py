@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from harness.argtypes import USAGE_ERROR, UsageError, directory, non_negative_int, positive_int, width_list
+
 ROOT = Path(__file__).resolve().parent.parent
 REPORTS = ("mlp-width", "async", "models")
 DEFAULT_OUT = ROOT / "reports" / "out"
@@ -32,16 +34,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "'DEVICE@MODE' sets the simulator mode, mncore2 defaults to performance); "
                         "default per report: " + "; ".join(f"{k}: {','.join(v)}" for k, v in DEFAULT_BACKENDS.items()))
     p.add_argument("--sim-mode", default=None, help="simulator mode for emu2/mncore2 backends (default: performance)")
-    p.add_argument("--widths", default=WIDTHS, help=f"MLP widths (default {WIDTHS})")
-    p.add_argument("--steps", type=int, help="timed steps per measurement (default: " +
+    p.add_argument("--widths", type=width_list, default=WIDTHS, help=f"MLP widths (default {WIDTHS})")
+    p.add_argument("--steps", type=positive_int, help="timed steps per measurement (default: " +
                    ", ".join(f"{k} {v}" for k, v in DEFAULT_STEPS.items()) + ")")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (compile, optimizer state); default 2")
+    p.add_argument("--warmup", type=non_negative_int, default=2, help="untimed steps first (compile, optimizer state); default 2")
     p.add_argument("--config", default="default", help="zoo config of the models (default; 'tiny' for smoke runs)")
-    p.add_argument("--out", type=Path, help="root directory of the reports (default reports/out; with --from: DIR)")
-    p.add_argument("--from", dest="from_dir", type=Path, help="re-render from existing results under DIR; runs nothing")
-    p.add_argument("--timeout", type=int, default=1500, help="seconds per measured model and backend")
-    p.add_argument("--publish", nargs="?", const=PUBLISHED, type=Path,
-                   help="('all') also copy Markdown, PNGs, CSVs to DIR (default reports/published)")
+    p.add_argument("--out", type=directory, help="root directory of the reports (default reports/out; with --from: DIR)")
+    p.add_argument("--from", dest="from_dir", type=directory, help="re-render from existing results under DIR; runs nothing")
+    p.add_argument("--timeout", type=positive_int, default=1500, help="seconds per measured model and backend")
+    p.add_argument("--publish", nargs="?", const=PUBLISHED, type=directory,
+                   help="('all') also copy Markdown, PNGs, CSVs to DIR (default reports/published); only files "
+                        "listed in DIR's manifest (harness-manifest.json) are replaced")
 
 
 def _backends(args: argparse.Namespace, name: str) -> list:
@@ -60,8 +63,7 @@ def cells(name: str, args: argparse.Namespace) -> list[dict]:
     for b in _backends(args, name):
         bb = {**base, "backend": b.device, "sim_mode": b.sim_mode}
         if name == "mlp-width":
-            out += [{**bb, "kind": "compare", "execution": "async", "model": f"mlp_w{int(w)}"}
-                    for w in args.widths.split(",") if w.strip()]
+            out += [{**bb, "kind": "compare", "execution": "async", "model": f"mlp_w{w}"} for w in args.widths]
         elif name == "async":
             out.append({**bb, "kind": "modes", "model": "gpt2_small", "executions": ["sync", "async_naive", "async"]})
         else:
@@ -120,19 +122,25 @@ def render(name: str, d: Path) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    """Exit 0, or 2 when an input is refused (``--from`` not a directory or holding no results,
+    ``--publish`` a foreign directory or nothing to publish), before anything is written there."""
     from reports import page
 
     names = list(REPORTS) if args.name == "all" else [args.name]
+    try:
+        sources = _sources(args, names) if args.from_dir is not None else {}
+        if args.publish and args.name == "all":
+            page.owned(args.publish)  # a foreign publish directory is refused before minutes of measuring
+    except (UsageError, page.PublishError) as e:
+        print(f"harness report: {e}", file=sys.stderr)
+        return USAGE_ERROR
     root = Path(args.out or args.from_dir or DEFAULT_OUT)
     root.mkdir(parents=True, exist_ok=True)
-    status = 0
     for name in names:
         if args.from_dir is not None:
-            src = page.locate(args.from_dir, name)
+            src = sources.get(name)
             if src is None:
                 print(f"{name}: no results under {args.from_dir} (skipped)", file=sys.stderr)
-                if args.name != "all":
-                    status = 1
                 continue
             d = src if args.out is None else root / name
             page.adopt(src, d)
@@ -143,6 +151,23 @@ def main(args: argparse.Namespace) -> int:
         md, html = page.render_index(root)
         print(f"page: {md} and {html}")
         if args.publish:
-            written = page.publish(root, args.publish)
-            print(f"published {len(written)} files to {args.publish}")
-    return status
+            try:
+                written = page.publish(root, args.publish)
+            except page.PublishError as e:
+                print(f"harness report: {e}", file=sys.stderr)
+                return USAGE_ERROR
+            print(f"published {len(written)} files to {args.publish} (manifest {args.publish / page.MANIFEST})")
+    return 0
+
+
+def _sources(args: argparse.Namespace, names: list[str]) -> dict[str, Path]:
+    """Where each report's results are under ``--from``; ``UsageError`` when the directory is missing
+    or holds none of them (a mistyped ``--from`` must not render, or publish, an empty page)."""
+    from reports import page
+
+    if not args.from_dir.is_dir():
+        raise UsageError(f"--from {args.from_dir}: no such directory")
+    found = {name: d for name in names if (d := page.locate(args.from_dir, name)) is not None}
+    if not found:
+        raise UsageError(f"--from {args.from_dir}: no results of {', '.join(names)} there (nothing rendered)")
+    return found

@@ -44,19 +44,41 @@ def provenance() -> dict[str, Any]:
             "when": datetime.now().isoformat(timespec="seconds"), "loadavg_start": list(os.getloadavg())}
 
 
-def write_results(rows: Sequence[Row], out: Path, meta: dict[str, Any], *, stamp: bool = False) -> ResultsFiles:
-    """Write the three files; ``stamp`` repeats the provenance in every row (tier results are read
-    row by row, without ``meta.json``). The load average at the end is added to the provenance."""
-    import pandas as pd
+class ResultsWriter:
+    """The three files of one run, written as it goes: each row is appended to ``results.jsonl`` (and
+    flushed) when its cell finishes, so an interrupted or killed run keeps what finished; ``close``
+    writes ``results.csv`` and ``meta.json`` from the rows added. ``stamp`` repeats the provenance in
+    every row (tier results are read row by row, without ``meta.json``)."""
 
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {**meta, "loadavg_end": list(os.getloadavg())}
-    head = meta if stamp else {}
-    files = ResultsFiles(out / "results.jsonl", out / "results.csv", out / "meta.json")
-    with files.jsonl.open("w") as f:
-        for r in rows:
-            f.write(json.dumps({**head, **r.to_json()}) + "\n")
-    csv_head = {k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in head.items()}
-    pd.DataFrame([{**csv_head, **r.csv_record()} for r in rows]).to_csv(files.csv, index=False)
-    files.meta.write_text(json.dumps(meta, indent=1))
-    return files
+    def __init__(self, out: Path, meta: dict[str, Any], *, stamp: bool = False):
+        out.mkdir(parents=True, exist_ok=True)
+        self.files = ResultsFiles(out / "results.jsonl", out / "results.csv", out / "meta.json")
+        self.meta, self.stamp = meta, stamp
+        self.rows: list[Row] = []
+        self._jsonl = self.files.jsonl.open("w")
+
+    def add(self, row: Row) -> None:
+        head = self.meta if self.stamp else {}
+        self._jsonl.write(json.dumps({**head, **row.to_json()}) + "\n")
+        self._jsonl.flush()
+        self.rows.append(row)
+
+    def close(self, **meta_extra: Any) -> ResultsFiles:
+        """Finish the files; the load average at the end (and ``meta_extra``) join the provenance."""
+        import pandas as pd
+
+        self._jsonl.close()
+        meta = {**self.meta, **meta_extra, "loadavg_end": list(os.getloadavg())}
+        head = self.meta if self.stamp else {}
+        csv_head = {k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in head.items()}
+        pd.DataFrame([{**csv_head, **r.csv_record()} for r in self.rows]).to_csv(self.files.csv, index=False)
+        self.files.meta.write_text(json.dumps(meta, indent=1))
+        return self.files
+
+
+def write_results(rows: Sequence[Row], out: Path, meta: dict[str, Any], *, stamp: bool = False) -> ResultsFiles:
+    """Write the three files of finished ``rows`` at once (see ``ResultsWriter``)."""
+    writer = ResultsWriter(out, meta, stamp=stamp)
+    for r in rows:
+        writer.add(r)
+    return writer.close()

@@ -2,7 +2,10 @@
 
 ``run_one`` is executed in a child process per model (``python -m harness.runner``) so that a crash,
 an OOM or a hang in one model cannot take a tier run down; it prints one JSON row.
-All times are measured wall time on the backend's host (pfvm devices execute real kernels).
+All times are measured wall time on the backend's host (pfvm devices execute real kernels); a step
+is timed to its completion on the device (no overlap with the next step's trace: the per-step
+counters are read once the step's graphs finished), in lazy mode and with the Context API alike.
+The pipelined step times are ``harness report``'s (``harness/perf.py``).
 """
 from __future__ import annotations
 
@@ -88,15 +91,16 @@ def run_lazy(spec: Any, config: str, backend: str, steps: int, seed: int) -> dic
         loss = model_zoo.train_step(spec, model, opt, model_zoo.batch_to(batch, "mncore"))
         mncore.sync()
         losses.append(loss.detach())
+        # The worker counts a graph (and may compile) after an async sync() returns: read the counters
+        # only once the step's graphs have finished, or a step counts 0 or 2 graphs at random.
+        mncore.wait_device_ops()
         c1 = mncore.metrics.counters()
         per_step.append({k: c1[k] - c0[k] for k in ("compiles", "graphs_executed", "cache_hits", "implicit_syncs",
                                                       "trace_s", "sync_s", "compile_s", "fallback_ops")})
-        mncore.wait_device_ops() if batch is batches[-1] else None
         now = time.perf_counter()
         times.append(now - t_prev)
         t_prev = now
         peak = max(peak, mncore.observe.live_bytes())
-    mncore.wait_device_ops()
     last = per_step[-1]
     return {
         "losses": [float(l.cpu()) for l in losses], "state": _state(model), "step_ms": _median_after_first(times),
@@ -147,10 +151,9 @@ def run_context(spec: Any, config: str, backend: str, steps: int, seed: int) -> 
     compile_s = time.perf_counter() - t0
     outs, times = [], []
     t_prev = time.perf_counter()
-    for i, batch in enumerate(batches):
+    for batch in batches:
         outs.append(compiled(batch)["loss"])
-        if i == len(batches) - 1:
-            ctx.synchronize()
+        ctx.synchronize()  # each step to its completion, as lazy mode's (whose counters need it)
         now = time.perf_counter()
         times.append(now - t_prev)
         t_prev = now

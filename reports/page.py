@@ -5,6 +5,7 @@ Everything here reads results files (``results.jsonl``, ``meta.json``, timeline 
 from __future__ import annotations
 
 import html
+import json
 import re
 import shutil
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from reports import plots, reference, tables
-from reports.results import REPORTS, load, report_dir
+from reports.results import REPORTS, load, read_rows, report_dir
 
 Block = tuple[str, Any]
 TITLES = {"mlp-width": "MLP width sweep: lazy mode vs Context API",
@@ -243,21 +244,72 @@ def adopt(src: Path, dest: Path) -> None:
             shutil.copytree(src / sub, dest / sub, dirs_exist_ok=True)
 
 
-def publish(root: Path, dest: Path) -> list[Path]:
-    """The commit-ready copy: index.md, each report's Markdown, PNGs, results.csv and meta.json (no traces)."""
-    root, dest = Path(root), Path(dest)
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    written = []
-    for f in ("index.md", "index.html"):
-        if (root / f).exists():
-            written.append(Path(shutil.copy2(root / f, dest / f)))
-    for name, d in found_reports(root):
-        (dest / name).mkdir()
+MANIFEST = "harness-manifest.json"  # in a publish directory: the files the last publish wrote there
+
+
+class PublishError(ValueError):
+    """A publish that would lose or replace what it does not own, or publish nothing; nothing was changed."""
+
+
+def owned(dest: Path) -> set[str]:
+    """The files (relative to ``dest``) an earlier publish wrote there, from its manifest; ``PublishError``
+    for a non-empty directory without one (someone else's files) or a manifest that points outside."""
+    dest = Path(dest)
+    if not dest.exists():
+        return set()
+    if not dest.is_dir():
+        raise PublishError(f"--publish {dest} is a file, not a directory")
+    manifest = dest / MANIFEST
+    if not manifest.exists():
+        if any(dest.iterdir()):
+            raise PublishError(f"--publish {dest} is not empty and has no {MANIFEST} (it was not written by "
+                               "harness report): refusing to replace its files; publish to a new or empty directory")
+        return set()
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise PublishError(f"{manifest} is not a publish manifest (a JSON object with 'files'); fix or remove it") \
+            from None
+    bad = [f for f in files if not isinstance(f, str) or Path(f).is_absolute() or ".." in Path(f).parts]
+    if bad:
+        raise PublishError(f"{manifest} lists {bad[0]!r}, outside the directory; fix or remove it")
+    return set(files)
+
+
+def _publishable(root: Path) -> dict[str, Path]:
+    """What a publish of ``root`` copies, by name in the publish directory: index.md/html, each report's
+    Markdown, PNGs, results.csv and meta.json (no traces)."""
+    found = [(name, d) for name, d in found_reports(root) if read_rows(d)]
+    if not found:
+        raise PublishError(f"nothing to publish: no report under {root} has results rows")
+    files = {f: root / f for f in ("index.md", "index.html") if (root / f).exists()}
+    for name, d in found:
         for f in sorted(d.glob("*.png")) + [d / "report.md", d / "results.csv", d / "meta.json"]:
             if f.exists():
-                written.append(Path(shutil.copy2(f, dest / name / f.name)))
+                files[f"{name}/{f.name}"] = f
+    return files
+
+
+def publish(root: Path, dest: Path) -> list[Path]:
+    """The commit-ready copy of ``root`` in ``dest``. Only files listed in ``dest``'s manifest (the last
+    publish's) are removed or replaced; a foreign directory, a clash with a file it does not own or an
+    empty report is refused (``PublishError``) before anything changes. Writes the new manifest."""
+    root, dest = Path(root), Path(dest)
+    mine, files = owned(dest), _publishable(root)
+    clash = sorted(rel for rel in files if rel not in mine and (dest / rel).exists())
+    if clash:
+        raise PublishError(f"--publish {dest}: {clash[0]} exists and was not written by harness report "
+                           f"(not in {MANIFEST}); move it away first")
+    for rel in sorted(mine - files.keys()):
+        (dest / rel).unlink(missing_ok=True)
+        parent = (dest / rel).parent
+        if parent != dest and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+    written = []
+    for rel, src in files.items():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        written.append(Path(shutil.copy2(src, dest / rel)))
+    (dest / MANIFEST).write_text(json.dumps({"files": sorted(files)}, indent=1) + "\n")
     return written
 
 

@@ -5,23 +5,17 @@ deselects it).
 """
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 
-from harness import tiers
+from harness import expectations, tiers
 
 pytestmark = pytest.mark.models
 BACKEND = "pfvm:cpu"
 
 
-def _expected() -> dict:
-    path = tiers.expected_path("models", BACKEND)
-    return {(r["model"], r["config"]): r for r in pd.read_csv(path, dtype=str).fillna("").to_dict("records")}
-
-
 @pytest.mark.parametrize("model,config", tiers.models_tier(), ids=lambda x: str(x))
 def test_models_tier(model, config, tmp_path):
     row = tiers.run_models([(model, config)], [BACKEND], steps=3, out=tmp_path)[0].to_json()
-    problems = tiers.check_expected([row], "models", BACKEND)
+    problems = expectations.check([row], "models", BACKEND)
     problems = [p for p in problems if not p.endswith("expected but not run")]
     assert not problems, f"{problems}; row: { {k: v for k, v in row.items() if k != 'traceback'} }"

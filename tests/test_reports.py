@@ -153,10 +153,11 @@ def test_analyse_step_trace_device_idle():
               ("host", "trace", 2.0, 3.0, {}), ("device", "g", 3.5, 4.0, {"time": "modelled"})]
     res = perf.analyse(events, [0.0, 2.0, 4.0])
     # host steps end at 2 and 4; the device completes step 1 at 2.5 and step 2 at 4.0
-    assert res["step_basis"] == "device completions" and res["per_step"]["step_ms"] == [1500.0]
-    assert res["per_step"]["trace_ms"] == [1000.0, 1000.0]  # per host step, clipped to the window
-    assert res["per_step"]["device_ms"] == [1000.0, 500.0]
-    assert res["per_step"]["idle_ms"] == [1000.0] and res["util"] == pytest.approx(1 / 3)
+    # computed from seconds (differences, then * 1e3): equal up to rounding, hence approx's default rel=1e-6
+    assert res["step_basis"] == "device completions" and res["per_step"]["step_ms"] == pytest.approx([1500.0])
+    assert res["per_step"]["trace_ms"] == pytest.approx([1000.0, 1000.0])  # per host step, clipped to the window
+    assert res["per_step"]["device_ms"] == pytest.approx([1000.0, 500.0])
+    assert res["per_step"]["idle_ms"] == pytest.approx([1000.0]) and res["util"] == pytest.approx(1 / 3)
     # the same steps: interval 1.5 s, host trace 1.0 s, device 0.5 s
     assert res["pipeline_ratio"] == pytest.approx(1.5) and res["pipeline_device_ms"] == pytest.approx(500.0)
     assert perf.analyse(events[:3], [0.0, 2.0, 4.0])["step_basis"] == "host step ends"  # 1 graph for 2 steps
@@ -174,7 +175,9 @@ def test_tiny_real_measurement_rows_are_consistent(tmp_path):
     for k in ("context_step_ms", "lazy_step_ms", "lazy_trace_ms", "lazy_device_ms", "context_device_ms", "ratio"):
         assert row.to_json()[k] > 0, k
     assert row.ratio == pytest.approx(row.lazy.step_ms / row.context.step_ms)
+    # exact on purpose: a median of floats never leaves their [min, max] (no arithmetic can overshoot it)
     assert row.lazy.step_ms_min <= row.lazy.step_ms <= row.lazy.step_ms_max
+    # exact on purpose: the Context API records no trace spans (a sum of nothing) and the counts are integers
     assert row.context.trace_ms == 0 and row.lazy.compiles == 0 and row.lazy.graphs_per_step == 1
     bad = perf.run_cell({"report": "mlp-width", "kind": "compare", "model": "mlp_w64", "config": "tiny",
                          "backend": "pfvm:tpu", "steps": 2, "warmup": 1})
@@ -225,6 +228,57 @@ def test_results_with_undeclared_or_missing_fields_fail_naming_the_file(tmp_path
 
 def test_rows_round_trip_through_their_schema():
     row = PerfRow.from_json(_compare_row("models", "resnet18", "pfvm:cpu", 3000.0, 3100.0, 300.0, 2900.0), "test")
+    # exact on purpose: these are the input values read back through the schema, nothing is computed
     assert row.lazy.step_ms == 3100.0 and row.context.trace_ms == 0.0 and row.window.trace_ms == 300.0
     assert PerfRow.from_json(row.to_json(), "again") == row
     assert "traceback" not in row.csv_record()
+
+
+def _files(d: Path) -> set[str]:
+    return {str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()}
+
+
+def test_publish_refuses_a_foreign_directory(tmp_path, monkeypatch, capsys):
+    """A non-empty --publish DIR without a manifest is someone else's: refused, every file left alone."""
+    src, pub = tmp_path / "src", tmp_path / "pub"
+    _synthetic(src)
+    _forbid_running(monkeypatch)
+    pub.mkdir()
+    (pub / "notes.txt").write_text("mine")
+    assert cli.main(["report", "all", "--from", str(src), "--out", str(tmp_path / "dst"), "--publish", str(pub)]) == 2
+    assert "has no harness-manifest.json" in capsys.readouterr().err
+    assert _files(pub) == {"notes.txt"} and not (tmp_path / "dst").exists()
+
+
+def test_publish_replaces_only_the_files_of_its_manifest(tmp_path, monkeypatch):
+    src, pub = tmp_path / "src", tmp_path / "pub"
+    _synthetic(src)
+    _forbid_running(monkeypatch)
+    assert cli.main(["report", "all", "--from", str(src), "--out", str(tmp_path / "a"), "--publish", str(pub)]) == 0
+    first = json.loads((pub / page.MANIFEST).read_text())["files"]
+    assert set(first) == _files(pub) - {page.MANIFEST} and "async/report.md" in first
+    (pub / "README.txt").write_text("not the harness's")
+    only_models = tmp_path / "only_models"
+    page.adopt(src / "models", only_models / "models")
+    assert cli.main(["report", "all", "--from", str(only_models), "--publish", str(pub)]) == 0
+    second = json.loads((pub / page.MANIFEST).read_text())["files"]
+    assert not any(f.startswith(("async/", "mlp-width/")) for f in second) and "models/report.md" in second
+    assert _files(pub) == set(second) | {page.MANIFEST, "README.txt"}  # old files gone, the foreign one kept
+    # a file the manifest does not list is never replaced
+    (pub / page.MANIFEST).write_text(json.dumps({"files": []}))
+    with pytest.raises(page.PublishError, match="index.html exists and was not written by harness report"):
+        page.publish(only_models, pub)
+
+
+def test_publish_refuses_an_empty_report(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "results.jsonl").write_text("")
+    with pytest.raises(page.PublishError, match="nothing to publish"):
+        page.publish(tmp_path, tmp_path / "pub")
+    assert not (tmp_path / "pub").exists()
+
+
+def test_committed_published_directory_has_its_manifest():
+    """``make report`` republishes reports/published: its manifest must list exactly what is there."""
+    pub = Path(__file__).resolve().parents[1] / "reports" / "published"
+    assert set(json.loads((pub / page.MANIFEST).read_text())["files"]) == _files(pub) - {page.MANIFEST}

@@ -1,4 +1,5 @@
-"""The tier runner itself: injected faults, crash isolation, expectation checks, result files."""
+"""The tier runner itself: injected faults, crash isolation, stale rows, exact counters, expectation
+checks and updates, result files."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 import mncore
-from harness import cells, runner, tiers
+from harness import cells, expectations, runner, tiers
 from harness.results import write_results
 from reports.schema import ModelRow
 
@@ -57,42 +58,136 @@ def test_crashing_model_is_isolated_and_others_still_report(tmp_path, monkeypatc
     assert by_model["mlp_w64"].status == "pass"
 
 
+def _canned_row(model: str, status: str = "pass") -> dict:
+    return ModelRow(model=model, config="tiny", backend="pfvm:cpu", steps=1, time_kind="measured wall time",
+                    status=status, reason="", repro="", graphs_per_step=1, compiles_after_warmup=0).to_json()
+
+
+def _fake_children(tmp_path, monkeypatch, script: str) -> None:
+    """Children run ``script`` (Python; ``MODEL`` and ``OUT`` are the child's --model and --out) instead
+    of the runner: canned rows in milliseconds, and faults where the script puts them."""
+    import sys
+
+    fake = tmp_path / "fake_python"
+    fake.write_text(f"#!{sys.executable}\nimport json, os, signal, sys, time\nfrom pathlib import Path\n"
+                    "argv = sys.argv\nMODEL, OUT = argv[argv.index('--model') + 1], Path(argv[argv.index('--out') + 1])\n"
+                    + script)
+    fake.chmod(0o755)
+    monkeypatch.setattr(cells, "PYTHON", str(fake))
+
+
 def test_hung_model_times_out_and_others_still_report(tmp_path, monkeypatch):
-    _python_that_breaks_mlp_w128(tmp_path, monkeypatch, "exec sleep 600")
+    """The hung child (sleeps 600 s) times out; the other one writes its canned row at once, so nothing
+    here depends on how fast a real model trains."""
+    (tmp_path / "row.json").write_text(json.dumps(_canned_row("mlp_w64")))
+    _fake_children(tmp_path, monkeypatch, f"if MODEL == 'mlp_w128':\n    time.sleep(600)\n"
+                                          f"OUT.write_text(Path({str(tmp_path / 'row.json')!r}).read_text())\n")
     rows = tiers.run_models([("mlp_w128", "tiny"), ("mlp_w64", "tiny")], ["pfvm:cpu"], steps=1, out=tmp_path / "r",
-                            timeout=60, jobs=2)
+                            timeout=20, jobs=2)
     by_model = {r.model: r for r in rows}
     assert by_model["mlp_w128"].status == "timeout"
     assert by_model["mlp_w64"].status == "pass"
 
 
+def test_stale_row_of_an_earlier_run_is_never_read(tmp_path, monkeypatch):
+    """A reused --out: the earlier run's child for mlp_w128 (left running) writes its pass row late, while
+    this run's child is killed early. The row must not be read: this run's rows live under its own run id."""
+    stale = tmp_path / "stale.json"
+    stale.write_text(json.dumps(_canned_row("mlp_w128")))
+    where = tmp_path / "earlier_row_path"
+    _fake_children(tmp_path, monkeypatch, f"Path({str(where)!r}).write_text(str(OUT))\n"
+                                          f"OUT.write_text(Path({str(stale)!r}).read_text())\n")
+    (earlier,) = tiers.run_models([("mlp_w128", "tiny")], ["pfvm:cpu"], steps=1, out=tmp_path / "r", timeout=60)
+    assert earlier.status == "pass"
+    # this run: the earlier run's leftover writes its row where that run read rows; this child is SIGKILLed
+    _fake_children(tmp_path, monkeypatch, f"Path(Path({str(where)!r}).read_text()).write_text("
+                                          f"Path({str(stale)!r}).read_text())\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    (row,) = tiers.run_models([("mlp_w128", "tiny")], ["pfvm:cpu"], steps=1, out=tmp_path / "r", timeout=60)
+    assert row.status == "oom" and "-9" in row.reason, row
+
+
+def test_lazy_step_counters_are_read_after_the_device_finished():
+    """graphs_per_step is counted by the worker when a graph finishes: read right after an async sync() it
+    gave 0 or 2 at random. On a slow device (each relu sleeps 50 ms on the worker, values unchanged) the
+    step's own graph is always still running then (a 1-step run counted 0); the counts must be exact for
+    every run length, in async execution."""
+    import model_zoo
+
+    relu = torch.ops.aten.relu.default
+
+    def slow_relu(x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.05)
+        return torch.relu(x)
+
+    mncore.register_lowering(relu, slow_relu)
+    try:
+        for steps in (1, 2, 3):
+            res = runner.run_lazy(model_zoo.get("mlp_w64"), "tiny", "pfvm:cpu", steps=steps, seed=0)
+            assert mncore.config.current().execution == "async"
+            assert (res["graphs_per_step"], res["compiles_after_warmup"]) == (1, 0), res
+    finally:
+        mncore.unregister_lowering(relu)
+
+
 def test_expected_mismatch_is_reported(tmp_path, monkeypatch):
-    monkeypatch.setattr(tiers, "EXPECTED_DIR", tmp_path)
+    monkeypatch.setattr(expectations, "EXPECTED_DIR", tmp_path)
     good = {"model": "m", "config": "tiny", "backend": "pfvm:cpu", "status": "pass", "graphs_per_step": 1,
             "compiles_after_warmup": 0}
-    tiers.write_expected([good], "models", "pfvm:cpu")
-    assert tiers.check_expected([good], "models", "pfvm:cpu") == []
+    expectations.update([good], "models", "pfvm:cpu")
+    assert expectations.check([good], "models", "pfvm:cpu") == []
     worse = dict(good, status="fail_accuracy")
-    assert any("regression" in p for p in tiers.check_expected([worse], "models", "pfvm:cpu"))
+    assert any("regression" in p for p in expectations.check([worse], "models", "pfvm:cpu"))
     better_exp = dict(good, status="fail_to_run")
-    tiers.write_expected([better_exp], "models", "pfvm:cpu")
-    assert any("improvement" in p for p in tiers.check_expected([good], "models", "pfvm:cpu"))
+    expectations.update([better_exp], "models", "pfvm:cpu")
+    found = expectations.check([good], "models", "pfvm:cpu")
+    assert any("improvement" in p and p.startswith("models_pfvm_cpu.csv: ") for p in found), found
     more_graphs = dict(good, graphs_per_step=3)
-    tiers.write_expected([good], "models", "pfvm:cpu")
-    assert any("graphs_per_step" in p for p in tiers.check_expected([more_graphs], "models", "pfvm:cpu"))
+    expectations.update([good], "models", "pfvm:cpu")
+    assert any("graphs_per_step" in p for p in expectations.check([more_graphs], "models", "pfvm:cpu"))
+
+
+def _fake_run(rows: list[ModelRow]):
+    """``tiers.run_models`` that hands back ``rows`` as if their cells had just finished."""
+    def run_models(*args, on_row=None, **kwargs) -> list[ModelRow]:
+        for r in rows:
+            on_row(r)
+        return rows
+
+    return run_models
+
+
+def _fake_rows(*models: str, **fields) -> list[ModelRow]:
+    return [ModelRow(model=m, config="tiny", backend="pfvm:cpu", status="pass", graphs_per_step=1,
+                     compiles_after_warmup=0, steps=1, time_kind="measured wall time", reason="", repro="",
+                     **fields) for m in models]
 
 
 def test_cli_exits_nonzero_on_expected_mismatch(tmp_path, monkeypatch):
     from harness import cli
 
-    monkeypatch.setattr(tiers, "EXPECTED_DIR", tmp_path / "expected")
-    fake = [ModelRow(model="mlp_w64", config="tiny", backend="pfvm:cpu", status="pass", graphs_per_step=1,
-                     compiles_after_warmup=0, steps=1, time_kind="measured wall time", reason="", repro="")]
-    monkeypatch.setattr(tiers, "run_models", lambda *a, **k: fake)
-    tiers.write_expected([dict(fake[0].to_json(), graphs_per_step=2)], "models", "pfvm:cpu")
+    monkeypatch.setattr(expectations, "EXPECTED_DIR", tmp_path / "expected")
+    fake = _fake_rows("mlp_w64")
+    monkeypatch.setattr(tiers, "run_models", _fake_run(fake))
+    expectations.update([dict(fake[0].to_json(), graphs_per_step=2)], "models", "pfvm:cpu")
     assert cli.main(["run", "--tier", "models", "--models", "mlp_w64:tiny", "--out", str(tmp_path / "r")]) == 1
-    tiers.write_expected([fake[0].to_json()], "models", "pfvm:cpu")
+    expectations.update([fake[0].to_json()], "models", "pfvm:cpu")
     assert cli.main(["run", "--tier", "models", "--models", "mlp_w64:tiny", "--out", str(tmp_path / "r2")]) == 0
+
+
+def test_update_expected_replaces_only_the_rows_that_ran(tmp_path, monkeypatch):
+    """``--update-expected --models mlp_w64`` once rewrote both files with that one row; the others stay."""
+    from harness import cli
+
+    monkeypatch.setattr(expectations, "EXPECTED_DIR", tmp_path / "expected")
+    before = _fake_rows("mlp_w64", "mlp_w128", "resnet18")
+    expectations.update([dict(r.to_json(), status="fail_to_run") for r in before], "models", "pfvm:cpu")
+    monkeypatch.setattr(tiers, "run_models", _fake_run(_fake_rows("mlp_w64")))
+    argv = ["run", "--tier", "models", "--models", "mlp_w64:tiny", "--update-expected", "--out", str(tmp_path / "r")]
+    assert cli.main(argv) == 0
+    got = expectations.load_expected("models", "pfvm:cpu")
+    assert {k: v["status"] for k, v in got.items()} == {
+        ("mlp_w64", "tiny"): "pass", ("mlp_w128", "tiny"): "fail_to_run", ("resnet18", "tiny"): "fail_to_run"}
+    assert set(expectations.load_perf("models", "pfvm:cpu")) == set(got)
 
 
 def test_result_files_round_trip_into_pandas(tmp_path):
@@ -100,11 +195,13 @@ def test_result_files_round_trip_into_pandas(tmp_path):
     jsonl, csv, _ = write_results(rows, tmp_path, tiers.metadata("models", 2), stamp=True)
     back = [json.loads(line) for line in jsonl.read_text().splitlines()]
     assert back[0]["model"] == "mlp_w64" and back[0]["status"] == "pass"
+    # Exact on purpose: the losses are not recomputed, only written and read back, and JSON writes a
+    # float64 as its shortest round-tripping repr, so anything but equality is a lossy results file.
     assert back[0]["lazy_losses"] == rows[0].lazy.losses
     df = pd.read_csv(csv)
     assert list(df["model"]) == ["mlp_w64"] and df.loc[0, "status"] == "pass"
     assert {"lazy_step_ms", "context_step_ms", "graphs_per_step", "backend", "time_kind"} <= set(df.columns)
-    assert json.loads(df.loc[0, "eager_losses"]) == rows[0].eager_losses
+    assert json.loads(df.loc[0, "eager_losses"]) == rows[0].eager_losses  # a round trip too: exact
 
 
 def test_models_tier_covers_every_trait_once():

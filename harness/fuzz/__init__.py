@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-DEFAULT_OUT = Path(__file__).resolve().parents[2] / "fuzz"
+from harness.argtypes import directory
+
+DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "fuzz"  # each campaign: DEFAULT_ROOT/<timestamp>/
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,7 +23,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ops", default=None,
                    help="op names to fuzz: comma-separated globs (aten.add*) or regexes (^aten\\.(mul|add)\\.Tensor$)")
     p.add_argument("--backend", default="pfvm:cpu", help="mncore device string (default pfvm:cpu)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", type=directory, default=None,
+                       help=f"output directory, new or empty (default: a fresh {DEFAULT_ROOT}/<timestamp>)")
+    where.add_argument("--resume", type=directory, default=None, metavar="DIR",
+                       help="continue the campaign in DIR (its seed, ops, backend and plugin; the next cases; "
+                            "findings and results kept); --cases then counts the new cases")
     p.add_argument("--plugin", default=None,
                    help="Python module (or .py file) imported in the worker before any case, e.g. one that "
                         "registers a lowering with mncore.register_lowering; recorded in repros")

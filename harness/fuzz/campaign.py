@@ -1,8 +1,10 @@
 """The fuzzing loop: generate, run isolated, record, and for each new failure confirm, shrink, write a repro.
 
-Output (``--out``, default ``fuzz/``): ``results.jsonl`` (one line per case, written as the
-campaign runs), ``findings/`` (one repro per distinct signature) and ``summary.json`` (written
-last, from the same counters). ``worker.log`` collects the workers' stdout/stderr.
+Output (``--out``, new or empty; default a fresh ``fuzz/<timestamp>/``): ``campaign.json`` (what
+decides the cases: seed, ops, backend, plugin, ...), ``results.jsonl`` (one line per case, written as
+the campaign runs), ``findings/`` (one repro per distinct signature) and ``summary.json`` (written
+last, from the same counters). ``worker.log`` collects the workers' stdout/stderr. An earlier
+campaign's directory is never overwritten: ``--resume DIR`` continues it with its next cases.
 """
 from __future__ import annotations
 
@@ -12,14 +14,16 @@ import platform
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from harness import expected
-from harness.fuzz import DEFAULT_OUT
+from harness.argtypes import USAGE_ERROR, UsageError
+from harness.fuzz import DEFAULT_ROOT
 from harness.fuzz.cases import Case, tensor_specs
 from harness.fuzz.findings import Findings, signature
 from harness.fuzz.mutate import generate, seed_rows
@@ -39,13 +43,19 @@ class Config:
     cases: int | None = None
     ops: str | None = None
     backend: str = "pfvm:cpu"
-    out: Path = DEFAULT_OUT
+    out: Path = DEFAULT_ROOT
     plugin: str | None = None
     case_timeout: float = 20.0
     shrink_seconds: float = 20.0
     max_numel: int = 1 << 16
     registry: Path | None = None
     progress: bool = True
+    resume: bool = False  # continue the campaign in ``out`` (its campaign.json decides the cases)
+
+    IDENTITY = ("seed", "ops", "backend", "plugin", "max_numel", "registry")  # what decides case i and its verdict
+
+    def identity(self) -> dict[str, Any]:
+        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items() if k in self.IDENTITY}
 
     def command(self) -> str:
         parts = ["harness fuzz", f"--seconds {self.seconds:g}", f"--seed {self.seed}"]
@@ -119,17 +129,18 @@ class Campaign:
         known = expected.load()
         rows = select_rows(cfg)
         self.out.mkdir(parents=True, exist_ok=True)
+        first = self._resume() if cfg.resume else 0
+        (self.out / "campaign.json").write_text(json.dumps(cfg.identity(), indent=1) + "\n")
         findings = Findings(self.out)
-        (self.out / "worker.log").write_text("")
         worker.start()
         startup_s = time.monotonic() - t_start
         t_fuzz = time.monotonic()
         deadline = t_fuzz + cfg.seconds
         bar = _Bar(cfg.cases, cfg.progress)
-        n = 0
+        n = first
         try:
-            with (self.out / "results.jsonl").open("w") as results:
-                while (cfg.cases is None or n < cfg.cases) and time.monotonic() < deadline:
+            with (self.out / "results.jsonl").open("a") as results:
+                while (cfg.cases is None or n - first < cfg.cases) and time.monotonic() < deadline:
                     case = generate(rows, cfg.seed, n, cfg.max_numel)
                     res = worker.run(case.to_json())
                     sig = signature(case.op, res)
@@ -142,14 +153,33 @@ class Campaign:
                     n += 1
                     if sig:
                         self._failure(sig, case, res, worker, findings)
-                    bar.update(n, time.monotonic() - t_fuzz, len(self.stats.failures))
+                    bar.update(n - first, time.monotonic() - t_fuzz, len(self.stats.failures))
         finally:
             bar.close()
             worker.close()
         elapsed = time.monotonic() - t_start
-        summary = self._summary(n, elapsed, time.monotonic() - t_fuzz, startup_s, rows, registry_path, worker)
+        summary = self._summary(n, n - first, elapsed, time.monotonic() - t_fuzz, startup_s, rows, registry_path, worker)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         return summary
+
+    def _resume(self) -> int:
+        """Counters, failures and flaky signatures of the campaign so far; returns its next case index."""
+        path = self.out / "results.jsonl"
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        for line in lines:
+            self.stats.add(Case.from_json(line["case"]), line)
+        summary = self.out / "summary.json"
+        if summary.exists():
+            before = json.loads(summary.read_text())
+            self.stats.failures, self.stats.flaky = before.get("failures", {}), before.get("flaky", {})
+        seen = Counter(line["signature"] for line in lines if line.get("signature"))
+        for sig, count in seen.items():  # a campaign stopped before its summary: counted, not shrunk again
+            if sig not in self.stats.failures and sig not in self.stats.flaky:
+                line = next(line for line in lines if line.get("signature") == sig)
+                self.stats.failures[sig] = {"count": count, "first_case": line["index"], "kind": line.get("kind"),
+                                            "oracle": line.get("oracle"), "message": str(line.get("message", ""))[:1000],
+                                            "repro": str(self.out / "findings")}
+        return len(lines)
 
     def _failure(self, sig: str, case: Case, res: dict, worker: Worker, findings: Findings) -> None:
         """First sighting of ``sig``: confirm it in a fresh worker, shrink it, write the repro."""
@@ -184,7 +214,7 @@ class Campaign:
         }
         self.stats.shrink_s += time.monotonic() - t0
 
-    def _summary(self, n: int, elapsed: float, fuzz_s: float, startup_s: float, rows: dict, registry_path: Path,
+    def _summary(self, n: int, new: int, elapsed: float, fuzz_s: float, startup_s: float, rows: dict, registry_path: Path,
                  worker: Worker) -> dict:
         s = self.stats
         return {
@@ -199,8 +229,8 @@ class Campaign:
             "cases_run": n,
             "elapsed_s": round(elapsed, 2), "startup_s": round(startup_s, 2), "fuzz_s": round(fuzz_s, 2),
             "case_s": round(s.case_s, 2), "shrink_s": round(s.shrink_s, 2),
-            "cases_per_second": round(n / fuzz_s, 2) if fuzz_s > 0 else 0.0,
-            "cases_per_second_note": "cases / fuzz_s; fuzz_s includes confirming and shrinking findings",
+            "cases_per_second": round(new / fuzz_s, 2) if fuzz_s > 0 else 0.0,
+            "cases_per_second_note": "this session's cases / fuzz_s; fuzz_s includes confirming and shrinking findings",
             "ops_covered": sorted(s.ops), "n_ops_covered": len(s.ops), "cases_per_op": dict(sorted(s.ops.items())),
             "outcomes": dict(s.outcomes), "categories": dict(s.categories),
             "checks": {k: dict(v) for k, v in sorted(s.checks.items())},
@@ -237,18 +267,47 @@ class _Bar:
             self.bar.close()
 
 
+def campaign_dir(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
+    """Where this campaign writes, and the settings a resumed one keeps: ``--resume DIR`` (an earlier
+    campaign's directory), ``--out DIR`` (new or empty) or a fresh ``fuzz/<timestamp>/``."""
+    if args.resume is not None:
+        saved = args.resume / "campaign.json"
+        if not saved.exists():
+            raise UsageError(f"--resume {args.resume}: no campaign.json there (not a harness fuzz campaign)")
+        return args.resume, json.loads(saved.read_text())
+    if args.out is not None:
+        if args.out.exists() and any(args.out.iterdir()):
+            raise UsageError(f"--out {args.out} is not empty (an earlier campaign?): continue it with --resume "
+                             f"{args.out}, or choose a new directory")
+        return args.out, {}
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    out, k = DEFAULT_ROOT / stamp, 1
+    while out.exists():  # two campaigns started in the same second
+        out, k = DEFAULT_ROOT / f"{stamp}-{k}", k + 1
+    return out, {}
+
+
 def main(args: argparse.Namespace) -> int:
     """``harness fuzz``: run a campaign, print where its results are; exit 1 if it found failures, 2 on bad options."""
-    cfg = Config(seconds=args.seconds, seed=args.seed, cases=args.cases, ops=args.ops, backend=args.backend,
-                 out=args.out, plugin=args.plugin, case_timeout=args.case_timeout,
-                 shrink_seconds=args.shrink_seconds, max_numel=args.max_numel, registry=args.registry)
+    try:
+        out, saved = campaign_dir(args)
+    except UsageError as e:
+        print(f"harness fuzz: {e}", file=sys.stderr)
+        return USAGE_ERROR
+    chosen = dict(seed=args.seed, ops=args.ops, backend=args.backend, plugin=args.plugin, max_numel=args.max_numel,
+                  registry=args.registry)
+    chosen.update({k: Path(v) if k == "registry" and v else v for k, v in saved.items() if k in Config.IDENTITY})
+    cfg = Config(seconds=args.seconds, cases=args.cases, out=out, case_timeout=args.case_timeout,
+                 shrink_seconds=args.shrink_seconds, resume=args.resume is not None, **chosen)
     print(f"harness fuzz: seed {cfg.seed}, {cfg.seconds:g} s" + (f", at most {cfg.cases} cases" if cfg.cases else "")
-          + f", backend {cfg.backend}" + (f", plugin {cfg.plugin}" if cfg.plugin else "") + f" -> {cfg.out}", flush=True)
+          + f", backend {cfg.backend}" + (f", plugin {cfg.plugin}" if cfg.plugin else "")
+          + (" (resumed: the campaign's own seed, ops, backend and plugin)" if cfg.resume else "") + f" -> {cfg.out}",
+          flush=True)
     try:
         s = Campaign(cfg).run()
     except (ValueError, WorkerSetupError) as e:  # a bad --ops, --backend or --plugin: say so, no traceback
         print(f"harness fuzz: {e}", file=sys.stderr)
-        return 2
+        return USAGE_ERROR
     print(f"{s['cases_run']} cases in {s['fuzz_s']:.1f} s ({s['cases_per_second']:.1f}/s), {s['n_ops_covered']} ops, "
           f"outcomes {s['outcomes']}, {s['distinct_failures']} distinct failures")
     for sig, f in s["failures"].items():

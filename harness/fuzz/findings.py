@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -205,13 +204,11 @@ def render_repro(sig: str, original: Case, shrunk: Case, result: dict, meta: dic
 
 
 class Findings:
-    """The findings directory of one campaign (emptied when the campaign starts)."""
+    """The findings directory of one campaign (a resumed campaign keeps its earlier findings)."""
 
     def __init__(self, out: Path):
         self.dir = Path(out) / "findings"
-        if self.dir.exists():
-            shutil.rmtree(self.dir)
-        self.dir.mkdir(parents=True)
+        self.dir.mkdir(parents=True, exist_ok=True)
 
     def write(self, sig: str, original: Case, shrunk: Case, result: dict, shrink_info: dict, meta: dict) -> Path:
         """Write ``<stem>.pt``, ``<stem>.json`` and ``<stem>.py``; returns the script's path."""

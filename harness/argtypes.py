@@ -1,0 +1,51 @@
+"""Argument types of the ``harness`` command line: bad values stop at parse time (exit 2, one line
+naming the option) instead of hanging a run or surfacing later as a traceback."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+USAGE_ERROR = 2  # the exit status of every refused input (argparse's own)
+
+
+class UsageError(ValueError):
+    """A bad input found before a command ran or wrote anything; its message names the input and the fix."""
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (``--jobs``, ``--steps``, ``--timeout``: 0 would wait forever or run nothing)."""
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer (use 1 or more)")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (``--warmup``)."""
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative (use 0 or more)")
+    return value
+
+
+def width_list(text: str) -> list[int]:
+    """Comma-separated positive integers (``--widths 64,128``)."""
+    items = [w.strip() for w in text.split(",") if w.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("no widths given (e.g. --widths 64,128)")
+    return [positive_int(w) for w in items]
+
+
+def directory(text: str) -> Path:
+    """A directory that exists or can be made: an existing file is refused before anything runs."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a directory (choose a directory)")
+    return path
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None

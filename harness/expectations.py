@@ -1,0 +1,169 @@
+"""The checked-in expectations of the tiers (``ci/expected/<tier>_<backend>.csv``: status, graphs and
+compiles per model) and their performance baselines (``perf_<tier>_<backend>.csv``).
+
+Both files are read through one validating reader, so a corrupt file is refused with one line naming
+it (``ExpectationsError``) before any model runs, never judged row by row into false verdicts; and an
+update replaces only the rows of the cells that ran, so a partial run cannot delete the others.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from reports.schema import ModelRow
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPECTED_DIR = ROOT / "ci" / "expected"
+KEY = ["model", "config"]
+EXPECTED_COLUMNS = KEY + ["status", "graphs_per_step", "compiles_after_warmup"]
+PERF_COLUMNS = KEY + ["backend", "eager_step_ms", "lazy_step_ms", "context_step_ms", "trace_ms"]
+PERF_NOISE = 0.10  # single models swing by 5-10 % here: smaller changes are reported as noise
+Records = dict[tuple[str, str], dict[str, str]]
+
+
+class ExpectationsError(ValueError):
+    """An expectations or baseline file that cannot be trusted; the message names it and the fix."""
+
+
+def expected_path(tier: str, backend: str) -> Path:
+    return EXPECTED_DIR / f"{tier}_{backend.replace(':', '_')}.csv"
+
+
+def perf_path(tier: str, backend: str) -> Path:
+    return EXPECTED_DIR / f"perf_{tier}_{backend.replace(':', '_')}.csv"
+
+
+def shown(path: Path) -> str:
+    """``path`` relative to the checkout when it is inside it (as messages name files)."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def _refuse(path: Path, problem: str) -> ExpectationsError:
+    return ExpectationsError(f"{shown(path)}: {problem}; restore it (git checkout -- {shown(path)}) or delete it "
+                             "and regenerate it with --update-expected")
+
+
+def _is_int(text: str) -> bool:
+    return text == "" or text.lstrip("-").isdigit()
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text or 0)
+    except ValueError:
+        return False
+    return True
+
+
+def _read(path: Path, columns: list[str]) -> Records:
+    """The rows of ``path`` by (model, config), all values as text; {} when there is no file."""
+    import pandas as pd
+
+    if not path.exists():
+        return {}
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise _refuse(path, f"not a readable CSV ({str(e).strip().splitlines()[0]})") from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise _refuse(path, f"missing column(s) {', '.join(missing)}")
+    out: Records = {}
+    for line, r in enumerate(df.to_dict("records"), 2):
+        key = (r["model"], r["config"])
+        if not all(key):
+            raise _refuse(path, f"line {line} has no model or config")
+        if key in out:
+            raise _refuse(path, f"line {line} repeats {key[0]}:{key[1]}")
+        out[key] = {c: r[c] for c in columns}
+    return out
+
+
+def load_expected(tier: str, backend: str) -> Records:
+    """The expectations of ``tier`` on ``backend`` (validated: statuses and integer counts)."""
+    path = expected_path(tier, backend)
+    records = _read(path, EXPECTED_COLUMNS)
+    for (m, c), r in records.items():
+        if r["status"] not in ModelRow.STATUSES:
+            raise _refuse(path, f"{m}:{c} has status {r['status']!r}, not one of {', '.join(ModelRow.STATUSES)}")
+        bad = [col for col in EXPECTED_COLUMNS[3:] if not _is_int(r[col])]
+        if bad:
+            raise _refuse(path, f"{m}:{c} has a non-integer {bad[0]} {r[bad[0]]!r}")
+    return records
+
+
+def load_perf(tier: str, backend: str) -> Records:
+    """The performance baseline of ``tier`` on ``backend`` (validated: numeric step times)."""
+    path = perf_path(tier, backend)
+    records = _read(path, PERF_COLUMNS)
+    for (m, c), r in records.items():
+        bad = [col for col in PERF_COLUMNS[3:] if not _is_number(r[col])]
+        if bad:
+            raise _refuse(path, f"{m}:{c} has a non-numeric {bad[0]} {r[bad[0]]!r}")
+    return records
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def check(rows: list[dict[str, Any]], tier: str, backend: str) -> list[str]:
+    """Differences from the checked-in expectations (regressions and unexpected improvements alike),
+    each naming the file it was judged against."""
+    path = expected_path(tier, backend)
+    if not path.exists():
+        return [f"no expected-results file {shown(path)}"]
+    want = load_expected(tier, backend)
+    problems, got_keys = [], set()
+    for r in rows:
+        if r["backend"] != backend:
+            continue
+        key = (r["model"], r["config"])
+        got_keys.add(key)
+        e = want.get(key)
+        if e is None:
+            problems.append(f"{path.name}: {key[0]}:{key[1]}: not in the file (new model)")
+            continue
+        for col in EXPECTED_COLUMNS[2:]:
+            g = _text(r.get(col))
+            if g != e[col]:
+                kind = "improvement" if col == "status" and g == "pass" else "regression" if col == "status" else "change"
+                problems.append(f"{path.name}: {key[0]}:{key[1]}: {col} {e[col]!r} -> {g!r} ({kind})")
+    problems += [f"{path.name}: {m}:{c}: expected but not run" for m, c in want if (m, c) not in got_keys]
+    return problems
+
+
+def _write(path: Path, columns: list[str], records: Records) -> None:
+    import pandas as pd
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame([records[k] for k in sorted(records)], columns=columns).to_csv(path, index=False)
+
+
+def update(rows: list[dict[str, Any]], tier: str, backend: str) -> list[Path]:
+    """Replace the rows of the cells that ran (status, graphs, compiles; and their performance
+    baseline) and keep every other row of both files."""
+    rows = [r for r in rows if r["backend"] == backend]
+    expected, perf = load_expected(tier, backend), load_perf(tier, backend)  # refuse a corrupt file first
+    for r in rows:
+        key = (r["model"], r["config"])
+        expected[key] = {c: _text(r.get(c)) for c in EXPECTED_COLUMNS}
+        perf[key] = {c: _text(r.get(c)) for c in PERF_COLUMNS}
+    _write(expected_path(tier, backend), EXPECTED_COLUMNS, expected)
+    _write(perf_path(tier, backend), PERF_COLUMNS, perf)
+    return [expected_path(tier, backend), perf_path(tier, backend)]
+
+
+def perf_report(rows: list[dict[str, Any]], tier: str, backend: str) -> list[str]:
+    """Step-time changes against the stored baseline; never a failure, changes under PERF_NOISE are noise."""
+    base = load_perf(tier, backend)
+    lines = []
+    for r in rows:
+        b = base.get((r["model"], r["config"]))
+        if b is None or b["backend"] != r["backend"] or not r.get("lazy_step_ms") or not b["lazy_step_ms"]:
+            continue
+        old = float(b["lazy_step_ms"])
+        change = r["lazy_step_ms"] / old - 1 if old else 0.0
+        verdict = "noise" if abs(change) < PERF_NOISE else ("slower" if change > 0 else "faster")
+        lines.append(f"{r['model']}:{r['config']} lazy step {old:.1f} -> {r['lazy_step_ms']:.1f} ms ({change:+.0%}, {verdict})")
+    return lines

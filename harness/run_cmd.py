@@ -1,0 +1,129 @@
+"""``harness run --tier unit|models|full``: check the inputs, run the cells, write results as rows
+finish, check or update the expectations.
+
+Every input is checked before anything runs or is written (unknown model, config or backend, a
+corrupt expectations file: one line, exit 2). SIGINT/SIGTERM stop the run: the children are killed
+(``CellRunner``), the results of the finished cells are finalized, and the exit is 128 + signal.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from harness.argtypes import USAGE_ERROR, UsageError, directory, positive_int
+
+
+def add_arguments(run: argparse.ArgumentParser) -> None:
+    run.add_argument("--tier", choices=("unit", "models", "full"), required=True)
+    run.add_argument("--backend", help="pfvm:cpu | pfvm:cuda (default: pfvm:cpu; full: every available one)")
+    run.add_argument("--models", help="comma-separated names (name or name:config) to run instead of the tier's set")
+    run.add_argument("--steps", type=positive_int, default=3)
+    run.add_argument("--out", type=directory, help="results directory (default results/<timestamp>)")
+    run.add_argument("--jobs", type=positive_int, default=1, help="models run in parallel (each in its own process)")
+    run.add_argument("--timeout", type=positive_int, default=900, help="seconds per model")
+    run.add_argument("--update-expected", action="store_true",
+                     help="update the rows of the cells that ran in ci/expected/<tier>_<backend>.csv (others kept)")
+
+
+def _picked(args: argparse.Namespace, todo: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The (model, config) pairs to run: the tier's, or ``--models`` (each name checked against the zoo)."""
+    import model_zoo
+
+    if not args.models:
+        return todo
+    picked: list[tuple[str, str]] = []
+    for w in (w.strip() for w in args.models.split(",")):
+        name, _, config = w.partition(":")
+        try:
+            spec = model_zoo.get(name)
+        except KeyError:
+            raise UsageError(f"--models: unknown model {name!r} (see `harness zoo list`)") from None
+        if config and config not in spec.configs:
+            raise UsageError(f"--models: {name} has no config {config!r} (it has {', '.join(spec.configs)})")
+        picked += [(name, config)] if config else [(m, c) for m, c in todo if m == name] or [(name, "tiny")]
+    return picked
+
+
+def _backends(args: argparse.Namespace) -> list[str]:
+    import mncore
+    from harness import tiers
+
+    if not args.backend:
+        return tiers.available_backends() if args.tier == "full" else ["pfvm:cpu"]
+    try:
+        mncore.parse_device(args.backend)
+    except ValueError as e:
+        raise UsageError(f"--backend: {e}") from None
+    return [args.backend]
+
+
+def main(args: argparse.Namespace) -> int:
+    from harness import tiers
+
+    if args.tier == "unit":
+        return tiers.run_unit(args.jobs if args.jobs > 1 else None)
+    from harness import expectations
+
+    try:
+        todo = _picked(args, tiers.models_tier() if args.tier == "models" else tiers.full_tier())
+        backends = _backends(args)
+        for b in backends:  # a corrupt file is refused now, not after the run
+            expectations.load_expected(args.tier, b)
+            expectations.load_perf(args.tier, b)
+    except (UsageError, expectations.ExpectationsError) as e:
+        print(f"harness run: {e}", file=sys.stderr)
+        return USAGE_ERROR
+    out = args.out or tiers.ROOT / "results" / datetime.now().strftime("%Y%m%d-%H%M%S")
+    return _run(args, todo, backends, out)
+
+
+def _run(args: argparse.Namespace, todo: list[tuple[str, str]], backends: list[str], out: Path) -> int:
+    from harness import expectations, tiers
+    from harness.interrupt import Interrupted, signals_raise
+    from harness.results import ResultsWriter
+
+    meta = tiers.metadata(args.tier, args.steps)
+    print(f"harness: tier {args.tier}: {len(todo)} model configs x {len(backends)} backend(s), {args.steps} steps "
+          f"each -> {out}", flush=True)
+    writer = ResultsWriter(out, meta, stamp=True)
+    stopped: Interrupted | None = None
+    with signals_raise():
+        try:
+            tiers.run_models(todo, backends, args.steps, out, jobs=args.jobs, timeout=args.timeout, on_row=writer.add)
+        except Interrupted as e:  # the children are already killed (CellRunner.run)
+            stopped = e
+    records = [r.to_json() for r in writer.rows]
+    if stopped is not None:
+        note = (f"interrupted by {stopped.name} after {len(records)} of {len(todo) * len(backends)} cells: "
+                "the results hold the finished ones; expectations not checked or updated")
+        files = writer.close(interrupted=stopped.name)
+        (out / "summary.md").write_text(tiers.markdown_summary(records, meta, [], note))
+        print(f"harness run: {note} ({files.jsonl}, {files.csv}, {out / 'summary.md'})", file=sys.stderr)
+        return stopped.exit_code
+    files = writer.close()
+    print(tiers.summary_table(records))
+    problems: list[str] = []
+    refresh = f"harness run --tier {args.tier} --update-expected" + (f" --backend {args.backend}" if args.backend else "")
+    for b in backends:
+        b_rows = [r for r in records if r["backend"] == b]
+        if args.update_expected:
+            for path in expectations.update(b_rows, args.tier, b):
+                print(f"updated {len(b_rows)} row(s) of {expectations.shown(path)} (others kept)")
+            continue
+        found = expectations.check(b_rows, args.tier, b)
+        if args.models:  # a partial run only checks the rows it ran
+            found = [p for p in found if not p.endswith("expected but not run")]
+        problems += found
+        for line in expectations.perf_report(b_rows, args.tier, b):
+            print("perf: " + line)
+    (out / "summary.md").write_text(tiers.markdown_summary(records, meta, problems))
+    print(f"results: {files.jsonl} and {files.csv}; summary: {out / 'summary.md'}")
+    if problems:
+        print("expected-results mismatches (regressions and unexpected improvements):", file=sys.stderr)
+        for p in problems:
+            print(f"  {p}", file=sys.stderr)
+        print(f"if these changes are intended, refresh the expectations with: {refresh}", file=sys.stderr)
+        return 1
+    return 0
