@@ -217,3 +217,53 @@ def test_codegen_dir_none_or_a_file(tmp_path, monkeypatch):
     memory.clear()
     with pytest.raises(DirectoryError, match="codegen directory"):
         _train_one(torch.ones(5))
+
+
+# -- errors during backward: a Python exception, never an aborted process
+
+_BACKWARD_PROGRAM = r"""
+import torch, mncore
+mncore.init("emu2")
+cases = {
+    "multi_margin_loss": (torch.nn.MultiMarginLoss(), torch.randn(3, 5), torch.tensor([1, 0, 4])),
+    "multilabel_margin_loss": (torch.nn.MultiLabelMarginLoss(), torch.randn(3, 5), torch.tensor([[1, 0, -1, 2, 3]] * 3)),
+}
+for name, (loss_fn, x, target) in cases.items():
+    x = x.mncore().requires_grad_()
+    try:
+        loss_fn(x, target.mncore()).backward()
+        mncore.sync()
+        print(name, "no error")
+    except RuntimeError as e:
+        print(name, "RuntimeError", str(e).replace("\n", " "))
+"""
+
+
+def test_backward_errors_are_python_exceptions_not_an_abort(tmp_path):
+    """Reproduced first: on emu2/mncore2 (static shapes) these losses' backward ops have no meta kernel,
+    the refusal was raised inside autograd's engine and the process aborted (exit 134, "terminate
+    called without an active exception"), or raised ``SystemError ... returned NULL``."""
+    env = dict(__import__("os").environ, MNCORE_RUNTIME_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", _BACKWARD_PROGRAM], capture_output=True, text=True, timeout=240,
+                       env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    for name in ("multi_margin_loss", "multilabel_margin_loss"):
+        assert lines[name].startswith("RuntimeError"), lines
+        assert f"aten.{name}_backward.default failed during backward with StaticShapeError" in lines[name]
+
+
+def test_error_in_backward_on_pfvm_reaches_the_caller():
+    class Broken(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g @ torch.ones(7, 7, device=g.device)  # a shape error in the user's backward
+
+    x = torch.ones(3).mncore().requires_grad_()
+    with pytest.raises(RuntimeError, match=r"aten.mm.default failed during backward with RuntimeError"):
+        Broken.apply(x).sum().backward()
+    assert (x.detach() + 1).tolist() == [2.0, 2.0, 2.0]  # the runtime keeps working

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ORDER = ["_version", "errors", "config", "observe", "ir", "sim", "compile", "devices", "execute", "graph", "cache",
          "trace", "capture", "context"]
 # Public facades may import any room.
-FACADES = {"__init__", "metrics", "profile"}
+FACADES = {"__init__", "metrics", "profile", "_autoload"}
 PUBLIC = {"mncore", "mncore.context", "mncore.metrics", "mncore.profile", "mncore.observe", "mncore.errors",
           "mncore.config"}
 TOOLS = ["harness", "model_zoo", "shape_registry", "reports", "benchmarks", "examples"]

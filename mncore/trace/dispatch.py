@@ -15,6 +15,7 @@ from mncore.config import require_init
 from mncore.ir import ops as opinfo
 from mncore.observe import metrics
 from mncore.trace import views
+from mncore.trace.backward import BackwardFailure, in_backward
 from mncore.trace.host import fallback, functional, host_op, host_value
 from mncore.trace.infer import FallbackNeeded
 from mncore.trace.record import from_host, new_tensor, record
@@ -210,6 +211,10 @@ def factory(func: Any):
         try:
             with tracer.lock:
                 return functional(info, func, args, kwargs)
+        except Exception as e:
+            if in_backward():
+                return BackwardFailure(func, e)
+            raise
         finally:
             metrics.add("trace_s", perf_counter() - t0)
 

@@ -71,6 +71,10 @@ class LazyTensor(torch.Tensor):
             if hit is None:
                 hit = _route(func)
             return hit[1](hit[0], func, args, kwargs or _NO_KWARGS)
+        except Exception as e:
+            if _in_backward():
+                return _BackwardFailure(func, e)
+            raise
         finally:
             _lock_release()
             _accumulator()["trace_s"] += perf_counter() - t0
@@ -130,6 +134,9 @@ def device() -> torch.device:
 # The handlers use LazyTensor, so they are imported after it (mncore/trace/__init__ imports this module first).
 from mncore.trace import host as _host  # noqa: E402
 from mncore.trace.dispatch import NO_KWARGS as _NO_KWARGS, route as _route, routes as _routes  # noqa: E402
+from mncore.trace import backward as _backward  # noqa: E402
 from mncore.trace.state import tracer as _tracer  # noqa: E402
 
 _lock_acquire, _lock_release = _tracer.lock.acquire, _tracer.lock.release
+_in_backward = _backward.in_backward
+_BackwardFailure = _backward.BackwardFailure
