@@ -20,7 +20,7 @@ _seq = itertools.count()
 class OpSig:
     """One interned op signature: ``id`` numbers it in graph keys; ``key`` is what was interned."""
 
-    __slots__ = ("id", "key", "struct", "metas", "site")
+    __slots__ = ("id", "key", "struct", "metas", "site", "nout")
 
     def __init__(self, id: int, key: tuple, struct: Any, metas: tuple[TensorMeta | None, ...],
                  site: tuple[str, int, str] | None = None):
@@ -29,6 +29,7 @@ class OpSig:
         self.struct = struct  # None: one tensor; 'none': no output; else the container type
         self.metas = metas
         self.site = site  # where in the user's program it was first traced (errors name it)
+        self.nout = 0 if struct is None else len(metas)  # outputs a node indexes (0: a single tensor)
 
 
 class Node:
@@ -42,7 +43,7 @@ class Node:
         self.inputs = inputs  # tuple of values (producer, index)
         self.sig = sig
         self.seq = next(_seq)
-        self.nout = 0 if sig.struct is None else len(sig.metas)
+        self.nout = sig.nout
         self.frame = frame
 
     @property

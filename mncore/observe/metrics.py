@@ -51,11 +51,15 @@ def _new_accumulator() -> dict[str, float]:
 
 
 def accumulator() -> dict[str, float]:
-    """This thread's accumulator: hot paths add to it directly (``accumulator()["trace_s"] += dt``)."""
+    """This thread's accumulator. Hot paths add to it directly, reading ``local.values`` first and
+    calling this only when the thread has none yet."""
     try:
         return _tls.values
     except AttributeError:
         return _new_accumulator()
+
+
+local = _tls  # ``metrics.local.values``: this thread's accumulator once ``accumulator()`` made it
 
 
 def add(name: str, amount: float = 1) -> None:

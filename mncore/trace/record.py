@@ -151,7 +151,10 @@ def record(info: Any, target: Any, args: tuple, kwargs: dict) -> Node:
         targs = (SCALAR_MARKERS[int],) + targs
         inputs.insert(0, Seed(rng.next_seed()))
     node = Node(target, (targs, tkw), tuple(inputs), sig, user_site() if tracer.record_frames else None)
-    metrics.accumulator()["traced_ops"] += 1
+    try:
+        metrics.local.values["traced_ops"] += 1
+    except AttributeError:  # this thread's first op
+        metrics.accumulator()["traced_ops"] += 1
     return node
 
 

@@ -14,6 +14,7 @@ import torch
 
 from mncore.ir.meta import TensorMeta
 from mncore.observe.metrics import accumulator as _accumulator
+from mncore.observe.metrics import local as _local
 
 DEVICE_NAME = "mncore"
 
@@ -77,7 +78,10 @@ class LazyTensor(torch.Tensor):
             raise
         finally:
             _lock_release()
-            _accumulator()["trace_s"] += perf_counter() - t0
+            try:
+                _local.values["trace_s"] += perf_counter() - t0
+            except AttributeError:  # this thread's first op
+                _accumulator()["trace_s"] += perf_counter() - t0
 
     # Host-side conveniences that must not go through the tracer op by op.
     def __repr__(self, *, tensor_contents: Any = None) -> str:
