@@ -36,17 +36,19 @@ def _compile(g: Collected, key: GraphKey, name: str, device: Device, policy: str
     return exe
 
 
-def executable_for(g: Collected, device: Device, options: tuple, policy: str, explain: bool = False) -> Executable:
-    """The executable of graph ``g`` on ``device`` (compiled, loaded from disk, or cached in memory)."""
+def executable_for(g: Collected, device: Device, options: tuple, policy: str,
+                   explain: bool = False) -> tuple[Executable, bool]:
+    """The executable of graph ``g`` on ``device`` (compiled, loaded from disk, or cached in memory),
+    and whether the in-memory cache already held it."""
     key = key_for(g, device, options, policy)
     exe = memory.get(key)
     if exe is not None:
         metrics.add("cache_hits")
-        return exe
+        return exe, True
     name = stable_name(g, key)
     exe = disk.get_or_compile(name, policy, key, device, lambda: _compile(g, key, name, device, policy, explain))
     memory.put(key, exe)
     root = config.get("codegen_dir")
     if root:
         codegen.write_lazy(root, exe, device.name, config.get("codegen_onnx"))
-    return exe
+    return exe, False

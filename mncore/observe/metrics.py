@@ -7,7 +7,9 @@ sum the accumulators. Gauges (``live_buffers``) are read from their owner when r
 """
 from __future__ import annotations
 
+import gc
 import threading
+import time
 from collections import Counter
 from typing import Callable
 
@@ -24,12 +26,18 @@ COUNTERS = {
     "disk_cache_hits": "executables loaded from the disk cache",
     "disk_cache_misses": "disk cache look-ups that found nothing",
     "disk_cache_corrupt": "disk cache entries that failed their checksum or decoding",
+    "gc_collections": "garbage collections run by Python (any thread)",
 }
 TIMINGS = {
-    "trace_s": "host time inside mncore's op dispatch",
+    "trace_s": "host time inside mncore's op dispatch (every thread: autograd's included)",
+    "infer_s": "part of trace_s: shape inference of op signatures seen for the first time",
     "compile_s": "host time compiling graphs",
     "execute_s": "worker time running graphs (measured)",
     "sync_s": "host time cutting graphs in sync(), waits excluded",
+    "collect_s": "part of sync_s: collecting the pending graph",
+    "lookup_s": "part of sync_s: building the graph key and finding (or compiling) its executable",
+    "submit_s": "part of sync_s: handing the job to the worker, waits excluded",
+    "gc_s": "time in Python's garbage collector (any thread)",
     "wait_s": "host time waiting for the worker in sync()",
     "modelled_device_s": "modelled device time of the simulated board",
 }
@@ -81,6 +89,22 @@ def count_fallback(op_name: str) -> None:
     add("fallback_ops")
 
 
+_gc_start: dict[int, float] = {}
+
+
+def _on_gc(phase: str, info: dict) -> None:
+    """``gc.callbacks`` hook: time every collection, whichever thread runs it."""
+    ident = threading.get_ident()
+    if phase == "start":
+        _gc_start[ident] = time.perf_counter()
+    elif ident in _gc_start:
+        add("gc_s", time.perf_counter() - _gc_start.pop(ident))
+        add("gc_collections")
+
+
+gc.callbacks.append(_on_gc)
+
+
 def register_gauge(name: str, read: Callable[[], int]) -> None:
     """A value owned elsewhere (live buffers) that ``counters()`` reports as it is now."""
     _gauges[name] = read
@@ -117,14 +141,26 @@ def reset() -> None:
         _fallbacks.clear()
 
 
+# How the host time splits, for the report: (total, its parts); the rest of a total is shown as "other".
+SPLITS = {"trace_s": ("infer_s",), "sync_s": ("collect_s", "lookup_s", "submit_s")}
+
+
 def report() -> str:
-    """The counters as aligned text, timings in milliseconds."""
+    """The counters as aligned text, timings in milliseconds; parts of a timing are indented under it."""
     c = counters()
-    width = max(len(k) for k in c)
+    parts = {p for ps in SPLITS.values() for p in ps}
+    width = max(len(k) for k in c) + 4
     lines = ["mncore metrics"]
     for k, v in c.items():
+        if k in parts:
+            continue
         if k.endswith("_s"):
             lines.append(f"  {k:<{width}}  {v * 1e3:12.3f} ms")
+            for p in SPLITS.get(k, ()):
+                lines.append(f"    {p:<{width - 2}}  {c[p] * 1e3:12.3f} ms")
+            if k in SPLITS:
+                other = v - sum(c[p] for p in SPLITS[k])
+                lines.append(f"    {'other':<{width - 2}}  {other * 1e3:12.3f} ms")
         else:
             lines.append(f"  {k:<{width}}  {v:12d}")
     fb = fallback_ops()

@@ -1,12 +1,14 @@
 """Shape inference on meta tensors, cached per op signature (op, non-tensor arguments, input metadata)."""
 from __future__ import annotations
 
+from time import perf_counter
 from typing import Any
 
 import torch
 
 from mncore.ir.meta import meta_of
 from mncore.ir.values import DEV, OpSig, ScalarMarker, T
+from mncore.observe import metrics
 from mncore.trace.sites import user_site
 from mncore.trace.state import tracer
 
@@ -63,6 +65,10 @@ def signature(target: Any, targs: tuple, tkw: tuple, inputs: list, sigs: list) -
     cache = tracer.sig_cache
     sig = cache.get(key)
     if sig is None:
-        struct, metas = _infer(target, targs, tkw, inputs, sigs)
+        t0 = perf_counter()
+        try:
+            struct, metas = _infer(target, targs, tkw, inputs, sigs)
+        finally:
+            metrics.add("infer_s", perf_counter() - t0)
         sig = cache[key] = OpSig(len(cache), key, struct, metas, user_site())
     return sig

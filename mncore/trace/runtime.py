@@ -1,6 +1,8 @@
 """``mncore.init``: attach a device and choose the execution and precision modes for lazy mode."""
 from __future__ import annotations
 
+import gc
+
 from mncore import config
 from mncore.config import settings
 from mncore.devices import registry
@@ -25,6 +27,9 @@ def init(device: str = "mncore2:auto", *, implicit_sync: str | None = None, exec
     mode = config.resolve("implicit_sync", implicit_sync)
     execution = config.resolve("execution", execution)
     debug = config.get("debug")
+    if config.get("gc_freeze"):
+        gc.freeze()
+    tracer.freeze_at_reuse = config.get("gc_freeze")
     if settings.device is not None:
         sync()
         wait_device_ops()

@@ -25,6 +25,7 @@ class Tracer:
         self.sig_cache: dict[tuple, OpSig] = {}
         self.record_frames = False
         self.capture: list | None = None  # Context API tracing: host tensors read become constants
+        self.freeze_at_reuse = False  # MNCORE_GC_FREEZE: freeze again once a step repeats (see sync)
 
 
 tracer = Tracer()

@@ -1,0 +1,63 @@
+"""Where host time goes: ``metrics.report()`` splits tracing and graph cuts into their parts and counts
+Python's garbage collections; ``MNCORE_GC_FREEZE`` keeps long-lived objects out of full collections."""
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+
+import torch
+
+import mncore
+
+
+def test_sync_parts_lie_inside_sync_time_and_the_report_shows_them():
+    mncore.init_cpu(execution="sync")
+    mncore.metrics.reset()
+    x = torch.randn(8, 8).mncore()
+    for _ in range(3):
+        x = (x @ x).tanh()
+        mncore.sync()
+    c = mncore.metrics.counters()
+    parts = [c["collect_s"], c["lookup_s"], c["submit_s"]]
+    assert all(p > 0 for p in parts) and c["syncs"] == 3
+    assert sum(parts) <= c["sync_s"] + 1e-6  # measured inside each cut's own window (waits excluded)
+    assert c["infer_s"] <= c["trace_s"] + 1e-6
+    report = mncore.metrics.report()
+    for line in ("  sync_s", "    collect_s", "    lookup_s", "    submit_s", "    other", "  gc_s"):
+        assert line in report, report
+
+
+def test_garbage_collections_are_counted():
+    before = mncore.metrics.counters()
+    gc.collect()
+    after = mncore.metrics.counters()
+    assert after["gc_collections"] == before["gc_collections"] + 1 and after["gc_s"] > before["gc_s"]
+
+
+def test_init_freezes_long_lived_objects_unless_told_not_to():
+    code = "import gc, mncore\nmncore.init_cpu()\nprint(gc.get_freeze_count() > 0)\n"
+    for value, frozen in (("1", "True"), ("0", "False")):
+        env = {"MNCORE_GC_FREEZE": value, "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        assert r.stdout.strip() == frozen, r.stderr
+
+
+def test_a_repeating_step_freezes_what_is_alive_once():
+    """Step 1 compiles, step 2 compiles again (it accumulates into the new .grad), step 3 reuses a
+    graph: that is where the objects alive are frozen, once; later steps freeze nothing more (the
+    frozen count only drops as frozen objects are freed)."""
+    code = ("import gc, torch, mncore\nmncore.init_cpu()\nm = torch.nn.Linear(4, 4).mncore()\n"
+            "rows = []\n"
+            "for _ in range(5):\n"
+            "    m(torch.ones(2, 4).mncore()).sum().backward(); mncore.sync(); mncore.wait_device_ops()\n"
+            "    rows.append((gc.get_freeze_count(), mncore.metrics.counters()['cache_hits']))\n"
+            "print(rows)\n")
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    rows = eval(r.stdout.strip().splitlines()[-1])  # noqa: S307 - our own subprocess's list of int pairs
+    first_reuse = next(i for i, (_, hits) in enumerate(rows) if hits > 0)
+    frozen = [n for n, _ in rows]
+    assert all(n <= frozen[0] for n in frozen[:first_reuse])  # nothing new frozen before the reuse
+    assert frozen[first_reuse] > frozen[first_reuse - 1]
+    assert all(n <= frozen[first_reuse] for n in frozen[first_reuse:])
