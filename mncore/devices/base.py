@@ -79,8 +79,9 @@ class Device:
     def check_memory(self, exe: Executable) -> None:
         """Raise ``DeviceOutOfMemoryError`` when ``exe`` cannot fit next to the live buffers."""
 
-    def check_upload(self, nbytes: int, what: str) -> None:
-        """Raise ``DeviceOutOfMemoryError`` when a host copy of ``nbytes`` cannot fit next to the live buffers."""
+    def check_upload(self, nbytes: int, shape: tuple, dtype: torch.dtype) -> None:
+        """Raise ``DeviceOutOfMemoryError`` when a host copy of ``nbytes`` (a ``shape`` ``dtype`` tensor)
+        cannot fit next to the live buffers."""
 
     def run(self, exe: Executable, leaves: list, args: list, submitted: float) -> RunResult:
         """Execute ``exe`` on ``args`` (buffers on ``exec_device`` and lifted scalars), on the worker."""

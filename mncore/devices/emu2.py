@@ -120,12 +120,12 @@ class Emu2Device(Device):
                 f"{self.name} has {free:,} bytes free ({capacity:,} total, {resident:,} held by other live "
                 f"tensors); reduce the batch size or free tensors (MNCORE_SIM_DRAM_BYTES sets the board size)")
 
-    def check_upload(self, nbytes: int, what: str) -> None:
+    def check_upload(self, nbytes: int, shape: tuple, dtype: torch.dtype) -> None:
         capacity = hardware().dram_bytes
         resident = buffers.live_bytes()
         if resident + nbytes > capacity:
             raise DeviceOutOfMemoryError(
-                f"mncore: copying {what} ({nbytes:,} bytes) to {self.name} needs more device DRAM than is free "
+                f"mncore: copying a {tuple(shape)} {dtype} tensor ({nbytes:,} bytes) to {self.name} needs more device DRAM than is free "
                 f"({max(capacity - resident, 0):,} of {capacity:,} bytes; {resident:,} held by live tensors); "
                 f"free tensors or use a smaller one (MNCORE_SIM_DRAM_BYTES sets the board size)")
 

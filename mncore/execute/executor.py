@@ -22,6 +22,7 @@ from mncore.config import settings
 from mncore.devices import KernelFailed, registry
 from mncore.errors import DeviceExecutionError
 from mncore.ir import buffers
+from mncore.ir.values import describe_site
 from mncore.observe import hooks, metrics, timeline
 
 
@@ -57,7 +58,6 @@ class Executor:
         self._errors: list[BaseException] = []
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._last: Job | None = None
 
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -73,7 +73,6 @@ class Executor:
         job.submitted = timeline.now()
         job.device = registry.active()
         self._ensure_thread()
-        self._last = job
         self._q.put(job)
         mode = settings.execution
         t0 = timeline.now()
@@ -195,7 +194,7 @@ class Executor:
 def _op_name(node: fx.Node, extra: str = "") -> str:
     """The op, its FX node and where the user's program first traced it."""
     site = node.meta.get("mn_site")
-    where = f"; first traced at {site[0]}:{site[1]} in {site[2]}" if site else ""
+    where = f"; first traced at {describe_site(site)}" if site else ""
     return f"{node.target} (node {node.name}{extra}{where})"
 
 

@@ -5,6 +5,7 @@ import sys
 
 from mncore.graph.collect import Collected
 from mncore.graph.key import GraphKey
+from mncore.ir.values import describe_site
 
 _last: list[tuple[GraphKey, list] | None] = [None]
 
@@ -26,7 +27,7 @@ def note_compile(name: str, g: Collected, key: GraphKey, explain: bool) -> None:
                                                      "non-tensor arguments" if old[1:3] != new[1:3] else "wiring")
             lines.append(f"  first difference at op #{j}: {what} changed: was {old[0]} {old[1:]} now {new[0]} {new[1:]}")
             if n.frame:
-                lines.append(f"  traced at {n.frame[0]}:{n.frame[1]} in {n.frame[2]}")
+                lines.append(f"  traced at {describe_site(n.frame)}")
             break
     else:
         if len(prev_key.items) != len(items):

@@ -23,13 +23,21 @@ class OpSig:
     __slots__ = ("id", "key", "struct", "metas", "site", "nout")
 
     def __init__(self, id: int, key: tuple, struct: Any, metas: tuple[TensorMeta | None, ...],
-                 site: tuple[str, int, str] | None = None):
+                 site: Site | None = None):
         self.id = id
         self.key = key  # (target, tensor-free args, kwargs, input metas)
         self.struct = struct  # None: one tensor; 'none': no output; else the container type
         self.metas = metas
         self.site = site  # where in the user's program it was first traced (errors name it)
         self.nout = 0 if struct is None else len(metas)  # outputs a node indexes (0: a single tensor)
+
+
+Site = tuple[str, int, str]  # (file, line, function) in the user's program
+
+
+def describe_site(site: Site | None) -> str:
+    """``file:line in function``, the one spelling of a source site in messages."""
+    return f"{site[0]}:{site[1]} in {site[2]}" if site else "<no Python frame: autograd engine thread>"
 
 
 class Node:

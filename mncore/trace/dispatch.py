@@ -1,8 +1,8 @@
 """Dispatch: which handler traces each aten op, chosen once per op from its schema facts.
 
 ``LazyTensor.__torch_dispatch__`` looks the handler up in ``routes`` (filled by ``route``, once per
-op) and counts the time spent in mncore's tracer (``trace_s``). Factories with ``device='mncore'`` and no tensor argument reach the
-PrivateUse1 kernels made by ``factory`` instead.
+op) and counts the time spent in mncore's tracer (``trace_s``). Factories with ``device='mncore'``
+and no tensor argument reach the PrivateUse1 kernels made by ``factory`` instead.
 """
 from __future__ import annotations
 
@@ -74,24 +74,23 @@ def _child(parent: LazyTensor, meta: tuple, chain: tuple) -> LazyTensor:
     return t
 
 
-def check_device_index(device: Any) -> None:
-    """There is one ``mncore`` device (index 0); ``mncore:1`` must not silently mean ``mncore:0``."""
-    if device is not None:
-        d = torch.device(device)
-        if d.type == DEVICE_NAME and d.index not in (None, 0):
-            raise ValueError(f"mncore has one device, 'mncore' (index 0); got {str(d)!r}. The execution device "
-                             "behind it is chosen with mncore.init (e.g. init('pfvm:cuda:1'), init('mncore2:1'))")
+def device_arg(device: Any) -> torch.device | None:
+    """A ``device=`` argument as a ``torch.device``; there is one ``mncore`` device (index 0), so
+    ``mncore:1`` must not silently mean ``mncore:0``."""
+    if device is None:
+        return None
+    d = device if isinstance(device, torch.device) else torch.device(device)
+    if d.type == DEVICE_NAME and d.index not in (None, 0):
+        raise ValueError(f"mncore has one device, 'mncore' (index 0); got {str(d)!r}. The execution device "
+                         "behind it is chosen with mncore.init (e.g. init('pfvm:cuda:1'), init('mncore2:1'))")
+    return d
 
 
 def _to_copy(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
-    dev = kwargs.get("device")
-    check_device_index(dev)
-    if dev is not None and torch.device(dev).type != DEVICE_NAME:
-        src = args[0]
-        buf = host_value(src, ".cpu()/.to(device)")
-        kw = dict(kwargs)
-        kw["device"] = torch.device(dev)
-        return func(buf, **kw)
+    dev = device_arg(kwargs.get("device"))
+    if dev is not None and dev.type != DEVICE_NAME:
+        buf = host_value(args[0], ".cpu()/.to(device)")
+        return func(buf, **dict(kwargs, device=dev))
     return functional(info, func, args, kwargs)
 
 
@@ -206,7 +205,7 @@ def factory(func: Any):
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         require_init()
-        check_device_index(kwargs.get("device"))
+        device_arg(kwargs.get("device"))
         t0 = perf_counter()
         try:
             with tracer.lock:

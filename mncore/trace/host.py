@@ -14,12 +14,12 @@ import torch
 from mncore.config import settings
 from mncore.errors import ImplicitSyncError, ImplicitSyncWarning, StaticShapeError
 from mncore.ir.meta import meta_of
-from mncore.ir.values import Data, Node
+from mncore.ir.values import Data, Node, describe_site
 from mncore.observe import metrics
 from mncore.trace import views
 from mncore.trace.infer import FallbackNeeded
 from mncore.trace.record import new_tensor, record, wrap
-from mncore.trace.sites import describe, user_site
+from mncore.trace.sites import user_site
 from mncore.trace.state import tracer
 from mncore.trace.sync import sync
 from mncore.trace.tensor import DEVICE_NAME, LazyTensor
@@ -33,7 +33,7 @@ def implicit_sync(reason: str) -> None:
     """A value is needed on the host while work is still pending: handle per the configured mode."""
     mode = settings.implicit_sync
     site = user_site() or ("<no Python frame: autograd engine thread>", 0, "backward")
-    where = describe(site)
+    where = describe_site(site)
     if mode == "error":
         raise ImplicitSyncError(
             f"mncore: {reason} reads a tensor value before mncore.sync() at {where}; call mncore.sync() "

@@ -52,7 +52,7 @@ def upload(tensor: torch.Tensor) -> Data:
     """A copy of a host tensor as a new device buffer (counted against the device's memory)."""
     require_init()
     nbytes = tensor.numel() * tensor.element_size()
-    registry.active().check_upload(nbytes, f"a {tuple(tensor.shape)} {tensor.dtype} tensor")
+    registry.active().check_upload(nbytes, tensor.shape, tensor.dtype)
     leaf = Data(meta_of(tensor), tensor.detach().to(settings.exec_device, copy=True))
     metrics.add("bytes_to_device", nbytes)
     return leaf

@@ -6,10 +6,12 @@ import sys
 
 import torch
 
+from mncore.ir.values import Site
+
 _LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["mncore"]))
 
 
-def user_site() -> tuple[str, int, str] | None:
+def user_site() -> Site | None:
     """(file, line, function) of the innermost user frame; None on a thread with no user frame
     (autograd's engine thread runs backward without one)."""
     f = sys._getframe(1)
@@ -20,6 +22,3 @@ def user_site() -> tuple[str, int, str] | None:
         f = f.f_back
     return None
 
-
-def describe(site: tuple[str, int, str] | None) -> str:
-    return f"{site[0]}:{site[1]} in {site[2]}" if site else "<no Python frame: autograd engine thread>"
