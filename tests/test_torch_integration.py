@@ -14,7 +14,6 @@ import sys
 import pytest
 import torch
 
-import mncore
 
 
 def test_import_after_a_cpu_backward_pass_works():

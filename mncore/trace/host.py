@@ -5,7 +5,6 @@ ops whose output shape depends on values run eagerly on the execution device and
 """
 from __future__ import annotations
 
-import sys
 import warnings
 from typing import Any
 

@@ -2,7 +2,6 @@
 signature, and make the graph node; the values of tensors, uploads and new lazy tensors."""
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import torch
