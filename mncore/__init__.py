@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from mncore import config, errors, metrics, observe, profile
 from mncore._version import __version__
+from mncore.capture import capture
 from mncore.compile.lowering import register_lowering, unregister_lowering
 from mncore.config import settings
 from mncore.devices import Device, RunResult
 from mncore.devices.registry import register as register_device
 from mncore.devices.registry import unregister as unregister_device
-from mncore.errors import DeviceExecutionError, ImplicitSyncError, ImplicitSyncWarning
+from mncore.errors import CaptureError, CaptureWarning, DeviceExecutionError, ImplicitSyncError, ImplicitSyncWarning
 from mncore.trace import (LazyTensor, init, init_cpu, init_cuda, init_mncore, parse_device, register, sync,
                           wait_device_ops)
 
@@ -21,7 +22,7 @@ __all__ = [
     "init", "init_cpu", "init_cuda", "init_mncore", "sync", "wait_device_ops", "metrics", "profile", "observe",
     "config", "errors", "LazyTensor", "ImplicitSyncError", "ImplicitSyncWarning", "DeviceExecutionError",
     "settings", "parse_device", "register_lowering", "unregister_lowering", "register_device",
-    "unregister_device", "Device", "RunResult", "__version__",
+    "unregister_device", "Device", "RunResult", "__version__", "capture", "CaptureError", "CaptureWarning",
 ]
 
 register()

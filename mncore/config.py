@@ -108,6 +108,9 @@ KNOBS: tuple[Knob, ...] = (
     _knob("gc_freeze", True, _flag, "init",
           "keep long-lived objects out of Python's full garbage collections: freeze what is alive at init, and "
           "once more (after one full collection) at the first graph a repeating step reuses", "0, 1"),
+    _knob("capture_check", 100, _number(int, 0, "a non-negative integer"), "each mncore.capture()",
+          "captured steps: every N-th call traces again and compares instead of replaying (0: never)",
+          "integer >= 0"),
     _knob("cache_size", 1024, _number(int, 1, "a positive integer"), "each compile",
           "executables kept in the in-memory LRU", "integer >= 1"),
     _knob("cache_dir", None, _path, "each compile", "persistent compile cache directory (unset: none)", "a directory"),

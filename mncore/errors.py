@@ -18,6 +18,14 @@ class ImplicitSyncWarning(UserWarning):
     """A host read forced a sync of the pending graph (graph cut mid-step)."""
 
 
+class CaptureWarning(UserWarning):
+    """``mncore.capture`` keeps tracing a step it cannot replay honestly; the warning says why and where."""
+
+
+class CaptureError(RuntimeError):
+    """``mncore.capture(strict=True)``: the step cannot be replayed (it ran, traced, and its values are right)."""
+
+
 class DeviceExecutionError(RuntimeError):
     """A graph failed on the device; names the graph and the op that failed."""
 

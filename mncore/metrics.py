@@ -1,4 +1,4 @@
 """``mncore.metrics``: counters, timings and a readable report of the runtime."""
-from mncore.observe.metrics import COUNTERS, TIMINGS, counters, fallback_ops, report, reset
+from mncore.observe.metrics import COUNTERS, TIMINGS, capture_retraces, counters, fallback_ops, report, reset
 
-__all__ = ["COUNTERS", "TIMINGS", "counters", "fallback_ops", "report", "reset"]
+__all__ = ["COUNTERS", "TIMINGS", "capture_retraces", "counters", "fallback_ops", "report", "reset"]

@@ -34,6 +34,7 @@ class Job:
     outs: list
     submitted: float = 0.0
     device: Any = None  # the device attached when it was submitted
+    release: list = field(default_factory=list)  # values to drop after the run, on the worker thread
     prepared: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -172,6 +173,7 @@ class Executor:
             timeline.record("device", exe.name, t1, t2, nodes=exe.n_nodes, time="measured")
         metrics.add("execute_s", t2 - t1)
         metrics.add("graphs_executed")
+        job.release.clear()  # freeing large buffers takes time: not on the host's
         job.done.set()
 
     @staticmethod

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from typing import Any
 
 from mncore.ir import buffers
@@ -66,22 +67,29 @@ class Data:
     is set then (or ``error`` is stored), so host reads wait only for the graph they need.
     ``fallback`` is the value the leaf replaces (an in-place update's previous value): if the
     job fails, readers get that value instead of the error; the worker drops it on success.
+    ``owners`` are weak references to the storages that took this value: a captured step binds a
+    leaf it read to whatever holds it at replay, not to the buffer it read once.
     """
 
-    __slots__ = ("bid", "meta", "ready", "error", "graph", "on_board", "fallback", "__weakref__")
+    __slots__ = ("bid", "meta", "ready", "error", "graph", "on_board", "fallback", "owners", "__weakref__")
 
-    def __init__(self, meta: TensorMeta, tensor: Any = None):
+    def __init__(self, meta: TensorMeta, tensor: Any = None, ready: threading.Event | None = None):
         self.bid = buffers.new_id()
         self.meta = meta
         self.error: BaseException | None = None
         self.graph: str | None = None
         self.on_board = False  # simulated devices: whether its host->device copy was already modelled
         self.fallback: Data | None = None
+        self.owners: tuple = ()
         if tensor is not None:
             buffers.put(self.bid, tensor)
             self.ready = None
         else:
-            self.ready = threading.Event()
+            self.ready = ready or threading.Event()  # the outputs of one job share their job's event
+
+    def own(self, storage: Any) -> None:
+        """``storage`` now holds this value (kept weakly)."""
+        self.owners = self.owners + (weakref.ref(storage),)
 
     def wait(self) -> Any:
         """Block until the buffer exists, then return it (re-raising a worker error, unless the

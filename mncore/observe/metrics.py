@@ -27,6 +27,9 @@ COUNTERS = {
     "disk_cache_misses": "disk cache look-ups that found nothing",
     "disk_cache_corrupt": "disk cache entries that failed their checksum or decoding",
     "gc_collections": "garbage collections run by Python (any thread)",
+    "captures": "calls of a captured step that traced it and recorded the graph (mncore.capture)",
+    "replays": "calls of a captured step that replayed its graph without running the function",
+    "capture_retraces": "calls of a captured step traced again instead of replayed (reasons listed below)",
 }
 TIMINGS = {
     "trace_s": "host time inside mncore's op dispatch (every thread: autograd's included)",
@@ -47,6 +50,7 @@ _lock = threading.Lock()
 _tls = threading.local()
 _accumulators: list[dict[str, float]] = []
 _fallbacks: Counter = Counter()
+_retraces: Counter = Counter()
 _gauges: dict[str, Callable[[], int]] = {}
 
 
@@ -87,6 +91,18 @@ def count_fallback(op_name: str) -> None:
     with _lock:
         _fallbacks[op_name] += 1
     add("fallback_ops")
+
+
+def count_retrace(reason: str) -> None:
+    """A captured step was traced again instead of replayed; count it under its reason."""
+    with _lock:
+        _retraces[reason] += 1
+    add("capture_retraces")
+
+
+def capture_retraces() -> dict[str, int]:
+    with _lock:
+        return dict(_retraces)
 
 
 _gc_start: dict[int, float] = {}
@@ -139,6 +155,7 @@ def reset() -> None:
             for k in acc:
                 acc[k] = 0
         _fallbacks.clear()
+        _retraces.clear()
 
 
 # How the host time splits, for the report: (total, its parts); the rest of a total is shown as "other".
@@ -167,4 +184,8 @@ def report() -> str:
     if fb:
         lines.append("  fallback ops (ran eagerly after an implicit sync):")
         lines += [f"    {name}: {n}" for name, n in sorted(fb.items())]
+    rt = capture_retraces()
+    if rt:
+        lines.append("  capture retraces (why a captured step was traced instead of replayed):")
+        lines += [f"    {n:6d}  {why}" for why, n in sorted(rt.items(), key=lambda kv: -kv[1])]
     return "\n".join(lines)

@@ -53,6 +53,8 @@ def realize(t: LazyTensor, reason: str) -> torch.Tensor:
     """The concrete tensor (on the execution device) behind ``t``; syncs implicitly if pending."""
     if tracer.capture is not None:  # Context API tracing: even a ready value would be baked in
         raise ImplicitSyncError(f"{reason} reads a tensor value while a Context function is being compiled")
+    if tracer.recording is not None:
+        tracer.recording.refuse(f"{reason} reads a tensor value on the host")
     st = t.mn_storage
     with tracer.lock:  # another thread may be writing or cutting this value
         if type(st.value[0]) is Node:
@@ -100,6 +102,8 @@ def fallback(info: Any, func: Any, args: tuple, kwargs: dict, why: str) -> Any:
             f"mncore: {info.name} has a data-dependent output shape ({why}); {settings.device} compiles graphs "
             f"with static shapes only, so it cannot run there. Compute it on the host (.cpu()) or use a pfvm device")
     metrics.count_fallback(info.name)
+    if tracer.recording is not None:
+        tracer.recording.refuse(f"{info.name} runs eagerly on the host (its output shape depends on values)")
     real_args, real_kwargs = realize_all(args, kwargs, f"{info.name} (data-dependent shape)")
     out = func(*real_args, **real_kwargs)
 

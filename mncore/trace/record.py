@@ -54,6 +54,8 @@ def upload(tensor: torch.Tensor) -> Data:
     registry.active().check_upload(nbytes, tensor.shape, tensor.dtype)
     leaf = Data(meta_of(tensor), tensor.detach().to(settings.exec_device, copy=True))
     metrics.add("bytes_to_device", nbytes)
+    if tracer.recording is not None:
+        tracer.recording.uploads.append((leaf, tensor, tensor._version, user_site()))
     return leaf
 
 
@@ -148,7 +150,10 @@ def record(info: Any, target: Any, args: tuple, kwargs: dict) -> Node:
             raise FallbackNeeded(f"random op {info.name} has no generator argument")
         target = _seeded(target, info.op)
         targs = (SCALAR_MARKERS[int],) + targs
-        inputs.insert(0, Seed(rng.next_seed()))
+        seed = Seed(rng.next_seed())
+        inputs.insert(0, seed)
+        if tracer.recording is not None:
+            tracer.recording.seeds.append(seed)
     node = Node(target, (targs, tkw), tuple(inputs), sig, user_site() if tracer.record_frames else None)
     try:
         metrics.local.values["traced_ops"] += 1

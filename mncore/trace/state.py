@@ -6,7 +6,23 @@ import threading
 import weakref
 from typing import Iterator
 
-from mncore.ir.values import OpSig
+from mncore.ir.values import OpSig, Seed, Site
+from mncore.trace.sites import user_site
+
+
+class Recording:
+    """What a step capture (``mncore.capture``) must see while its step traces: host tensors
+    uploaded, random seeds drawn, and every reason the step cannot be replayed without Python."""
+
+    __slots__ = ("uploads", "seeds", "problems")
+
+    def __init__(self) -> None:
+        self.uploads: list[tuple] = []  # (leaf, host tensor, its version when read, site)
+        self.seeds: list[Seed] = []
+        self.problems: list[tuple[str, Site | None]] = []
+
+    def refuse(self, cause: str) -> None:
+        self.problems.append((cause, user_site()))
 
 
 class Tracer:
@@ -26,6 +42,7 @@ class Tracer:
         self.record_frames = False
         self.capture: list | None = None  # Context API tracing: host tensors read become constants
         self.freeze_at_reuse = False  # MNCORE_GC_FREEZE: freeze again once a step repeats (see sync)
+        self.recording: Recording | None = None  # set while mncore.capture records a step
 
 
 tracer = Tracer()

@@ -6,17 +6,20 @@ Lifted scalars and random seeds are inputs, so their values never enter the key.
 from __future__ import annotations
 
 import gc
+import threading
 import weakref
+from dataclasses import dataclass
 
 from mncore import cache
 from mncore.config import require_init, settings
 from mncore.devices import registry
 from mncore.execute import Job, executor
-from mncore.graph import collect
+from mncore.graph import Collected, collect
 from mncore.ir.values import Data, Node, Scalar
 from mncore.compile.executable import Executable
 from mncore.observe import metrics, timeline
 from mncore.trace.state import tracer
+from mncore.trace.tensor import Storage
 
 _last_sync_end = [timeline.now()]
 
@@ -27,6 +30,12 @@ def graph_for(refs: list[tuple], options: tuple = ()) -> tuple[Executable, list[
     Returns the executable, the Data leaves it reads (in placeholder order) and its lifted
     scalars (``Scalar`` objects, seeds included). Shared by lazy ``sync()`` and the Context API.
     """
+    exe, g = compiled(refs, options)
+    return exe, g.leaves, g.scalars
+
+
+def compiled(refs: list[tuple], options: tuple = ()) -> tuple[Executable, Collected]:
+    """``graph_for``, returning the collected graph itself (step capture reads its nodes)."""
     t0 = timeline.now()
     g = collect(refs)
     t1 = timeline.now()
@@ -38,7 +47,7 @@ def graph_for(refs: list[tuple], options: tuple = ()) -> tuple[Executable, list[
         _freeze_long_lived()
     metrics.add("collect_s", t1 - t0)
     metrics.add("lookup_s", timeline.now() - t1)  # a compile on a miss included (also in compile_s)
-    return exe, g.leaves, g.scalars
+    return exe, g
 
 
 def _freeze_long_lived() -> None:
@@ -54,31 +63,50 @@ def sync(wait: bool = False, reason: str = "user") -> None:
     """Cut, compile (or reuse) and submit the pending graph; returns without waiting in async modes.
 
     A graph that failed since the last ``sync()`` raises here (in ``execution="sync"``, the graph
-    this call ran); an implicit sync (a host read) raises only for the value it reads.
+    this call ran); an implicit sync (a host read) raises only for the value it reads. Inside a
+    step that ``mncore.capture`` records, the cut is left to the end of the step.
     """
     require_init()
     user = reason == "user"
+    if user and tracer.recording is not None:
+        return
     if user:
         executor.raise_errors()
     with tracer.lock:
-        _cut(reason)
+        cut(reason)
     if user and settings.execution == "sync":
         executor.raise_errors()
     if wait:
         executor.wait_all()
 
 
-def _cut(reason: str) -> None:
-    """Collect every pending root, submit their graph and point the roots at its output leaves."""
+@dataclass(eq=False)
+class Submitted:
+    """One graph cut as submitted: the executable, its collected graph, the roots it computes (in
+    output order) with the storages that took each output, the new leaves, and for each of those
+    storages the device value it held before the cut (None for a storage made since the last cut)."""
+
+    exe: Executable
+    graph: Collected
+    roots: list[tuple]
+    groups: list[list[Storage]]
+    outs: list[Data]
+    before: dict[int, Data | None]
+
+
+def cut(reason: str, extra: tuple = ()) -> Submitted | None:
+    """Collect every pending root (and the values ``extra``), submit their graph and point the roots
+    at its output leaves; returns what was submitted (None when nothing was pending)."""
     t0 = timeline.now()
     waited = 0.0
     timeline.record("host", "trace", _last_sync_end[0], t0)
     storages = [s for s in list(tracer.pending) if type(s.value[0]) is Node]
     tracer.pending = weakref.WeakSet()
     tracer.epoch += 1
-    if storages:
+    done = None
+    if storages or extra:
         try:
-            waited = _submit(storages)
+            done, waited = _submit(storages, extra)
         except BaseException:  # nothing was submitted: keep the graph pending so no value is lost
             for st in storages:
                 tracer.pending.add(st)
@@ -88,31 +116,46 @@ def _cut(reason: str) -> None:
     timeline.record("host", f"sync ({reason})", t0, t1)
     metrics.add("sync_s", t1 - t0 - waited)
     _last_sync_end[0] = t1
+    return done
 
 
-def _submit(storages: list) -> float:
-    """Submit the graph computing ``storages``; returns the seconds spent waiting for the worker."""
+def _submit(storages: list, extra: tuple) -> tuple[Submitted, float]:
+    """Submit the graph computing ``storages`` and ``extra``; also returns the seconds spent waiting
+    for the worker."""
     by_ref: dict[tuple, list] = {}
     for s in storages:
         by_ref.setdefault((id(s.value[0]), s.value[1]), []).append(s)
-    keys = sorted(by_ref, key=lambda r: (by_ref[r][0].value[0].seq, r[1]))
-    exe, leaves, scalars = graph_for([by_ref[k][0].value for k in keys])
-    out_leaves = []
+    refs = {k: g[0].value for k, g in by_ref.items()}
+    for r in extra:
+        refs.setdefault((id(r[0]), r[1]), r)
+        by_ref.setdefault((id(r[0]), r[1]), [])
+    keys = sorted(refs, key=lambda k: (refs[k][0].seq, k[1]))
+    exe, g = compiled([refs[k] for k in keys])
+    out_leaves, groups, before = [], [], {}
+    ready = threading.Event()
     for k in keys:
         group = by_ref[k]
-        leaf = Data(group[0].meta)
+        leaf = Data(group[0].meta if group else refs[k][0].sig.metas[k[1]], ready=ready)
         leaf.graph = exe.name
         out_leaves.append(leaf)
+        groups.append(group)
         for s in group:
+            before[id(s)] = s.committed[0] if s.committed is not None else None
             if s.committed is not None:
                 leaf.fallback = leaf.fallback or s.committed[0]
                 s.committed = None
             s.value = (leaf, 0)
             s.version += 1
+            leaf.own(s)
     t0 = timeline.now()
-    waited = executor.submit(Job(exe=exe, leaves=leaves, scalars=[s.value for s in scalars], outs=out_leaves))
+    waited = executor.submit(Job(exe=exe, leaves=g.leaves, scalars=[s.value for s in g.scalars], outs=out_leaves))
     metrics.add("submit_s", timeline.now() - t0 - waited)
-    return waited
+    return Submitted(exe, g, [refs[k] for k in keys], groups, out_leaves, before), waited
+
+
+def mark_host_end(t: float) -> None:
+    """A replayed step ends the host's work like a graph cut: the next trace span starts here."""
+    _last_sync_end[0] = t
 
 
 def wait_device_ops() -> None:

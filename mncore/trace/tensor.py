@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from mncore.ir.meta import TensorMeta
+from mncore.ir.values import Data
 from mncore.observe.metrics import accumulator as _accumulator
 from mncore.observe.metrics import local as _local
 
@@ -34,6 +35,8 @@ class Storage:
         self.version = 0
         self.meta = meta
         self.committed: tuple | None = None
+        if type(value[0]) is Data:
+            value[0].own(self)
 
 
 class RefArg:

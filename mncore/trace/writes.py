@@ -33,6 +33,8 @@ def write(target: LazyTensor, ref: tuple, meta: TensorMeta, what: str = "") -> N
             st.committed = st.value
         st.value = ref
         st.version += 1
+        if type(ref[0]) is Data:
+            ref[0].own(st)
         tracer.pending.add(st)
         return
     ro = getattr(target, "mn_readonly", None)
@@ -78,6 +80,8 @@ def write(target: LazyTensor, ref: tuple, meta: TensorMeta, what: str = "") -> N
         st.committed = st.value
     st.value = ref
     st.version += 1
+    if type(ref[0]) is Data:
+        ref[0].own(st)
     tracer.pending.add(st)
 
 

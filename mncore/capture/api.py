@@ -1,0 +1,170 @@
+"""``mncore.capture``: trace a repeating step twice, then replay its graph without running the function.
+
+Each call is keyed on the structure of its arguments (shapes, dtypes, devices of tensors, values of
+the rest), grad mode, autocast, and the state of the modules and optimizers the step uses (see
+``world``). Per key: the first call traces and records; later calls trace again until two
+recordings agree, and from then on calls replay. Every ``check_every``-th call traces again and
+compares instead of replaying. What capture cannot replay (host reads inside the step, Python
+numbers that change, host tensors changed inside it) keeps being traced, with one
+:class:`~mncore.errors.CaptureWarning` naming the cause and the source line.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.utils import _pytree as pytree
+
+from mncore import config
+from mncore.capture.plan import Plan, disagreement, record
+from mncore.capture.replay import Unbound, replay
+from mncore.capture.world import World
+from mncore.config import require_init
+from mncore.devices import registry
+from mncore.errors import CaptureError, CaptureWarning
+from mncore.ir.values import describe_site
+from mncore.observe import metrics
+from mncore.trace.tensor import LazyTensor
+
+_PLAIN = (int, float, bool, str, type(None), complex)
+
+
+@dataclass(eq=False)
+class _Entry:
+    """One call key: its last recording, the plan it replays, and why it is refused (if it is)."""
+
+    last: Plan | None = None
+    ready: Plan | None = None
+    calls: int = 0
+    disagreements: int = 0
+    refused: str | None = None
+
+
+class Captured:
+    """A captured step function; call it as the function itself. ``entries`` keeps ``max_entries`` keys."""
+
+    def __init__(self, fn: Callable, check_every: int | None = None, strict: bool = False, max_entries: int = 8):
+        if not callable(fn):
+            raise TypeError(f"mncore.capture needs a function to capture, got {type(fn).__name__}")
+        if max_entries < 1:
+            raise ValueError(f"mncore.capture(max_entries={max_entries}): keep at least one entry")
+        self.fn = fn
+        self.check_every = config.get("capture_check") if check_every is None else int(check_every)
+        if self.check_every < 0:
+            raise ValueError(f"mncore.capture(check_every={check_every}): use 0 (never) or a positive number")
+        self.strict = strict
+        self.max_entries = max_entries
+        self.entries: OrderedDict[tuple, _Entry] = OrderedDict()
+        self.world = World()
+        self._discovered = False
+        self._warned: set[str] = set()
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        require_init()
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        if not self._discovered:
+            self.world.discover(self.fn, leaves)
+            self._discovered = True
+        key = (registry.active(), spec, tuple(_arg_key(x) for x in leaves), self.world.key())
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = self.entries[key] = _Entry()
+            while len(self.entries) > self.max_entries:
+                self.entries.popitem(last=False)
+            if len(self.entries) > 1:
+                metrics.count_retrace("a new call key (argument shapes, values, modes or module state)")
+        else:
+            self.entries.move_to_end(key)
+        entry.calls += 1
+        due = self.check_every > 0 and entry.calls % self.check_every == 0
+        if entry.refused is not None:
+            if not due:
+                return self.fn(*args, **kwargs)
+            entry.refused, entry.disagreements = None, 0  # try again now and then: the cause may be gone
+        if entry.ready is not None:
+            why = "a periodic re-validation (check_every)" if due else self._guard(entry.ready)
+            if why is None:
+                try:
+                    return replay(entry.ready, leaves)
+                except Unbound as e:
+                    why = str(e)
+            metrics.count_retrace(why)
+            if not due:
+                entry.ready = entry.last = None
+        return self._record(entry, args, kwargs, leaves)
+
+    def _guard(self, plan: Plan) -> str | None:
+        if self.world.hyperparameters() != plan.hyperparameters:
+            return "an optimizer hyperparameter (lr, momentum, ...) changed"
+        return None
+
+    def _record(self, entry: _Entry, args: tuple, kwargs: dict, leaves: list) -> Any:
+        try:
+            out, plan = record(self.fn, args, kwargs, leaves, self.world, entry.last)
+        except BaseException:
+            entry.last = entry.ready = None  # nothing half-captured: the next call records afresh
+            raise
+        metrics.add("captures")
+        revalidating, entry.ready = entry.ready, None
+        if plan.problem is not None:
+            cause, site = plan.problem
+            entry.last = None
+            self._refuse(entry, cause + (f" (at {describe_site(site)})" if site else ""))
+            return out
+        why = None if entry.last is None else disagreement(entry.last, plan)
+        if entry.last is not None and why is None:
+            entry.ready, entry.disagreements = plan, 0
+        elif why is not None:
+            entry.disagreements += 1
+            metrics.count_retrace(why)
+            # the first two recordings may differ for a good reason (state made on the first step, such
+            # as optimizer buffers); a third that differs, or a re-validation that does, is refused
+            if revalidating is not None or entry.disagreements >= 2:
+                self._refuse(entry, why)
+        entry.last = plan
+        return out
+
+    def _refuse(self, entry: _Entry, cause: str) -> None:
+        entry.refused = cause
+        name = getattr(self.fn, "__qualname__", repr(self.fn))
+        message = (f"mncore.capture({name}): not replaying this step: {cause}. It keeps being traced every call "
+                   "(its values are right; it is only slower)")
+        if self.strict:
+            raise CaptureError(message)
+        if cause not in self._warned:
+            self._warned.add(cause)
+            warnings.warn(message, CaptureWarning, stacklevel=3)
+
+    def reset(self) -> None:
+        """Forget every recording (the next call records afresh)."""
+        self.entries.clear()
+
+
+def _arg_key(x: Any) -> tuple:
+    if isinstance(x, LazyTensor):
+        chain = repr(x.mn_chain) if x.mn_chain else ""
+        return "lazy", x.mn_meta, x.mn_storage.meta, x.requires_grad, chain
+    if isinstance(x, torch.Tensor):
+        return "host", x.shape, x.dtype, x.device, x.requires_grad
+    if type(x) in _PLAIN:
+        return type(x), x
+    return "object", type(x), id(x)
+
+
+def capture(fn: Callable | None = None, *, check_every: int | None = None, strict: bool = False,
+            max_entries: int = 8) -> Any:
+    """Capture a step function: ``step = mncore.capture(step)``, ``@mncore.capture`` or
+    ``@mncore.capture(check_every=50, strict=True)``.
+
+    ``check_every``: every N-th call traces and compares instead of replaying (default
+    ``MNCORE_CAPTURE_CHECK``; 0: never). ``strict``: raise :class:`~mncore.errors.CaptureError`
+    instead of warning when a step cannot be replayed. ``max_entries``: call keys kept.
+    """
+    if fn is None:
+        return lambda f: Captured(f, check_every, strict, max_entries)
+    return Captured(fn, check_every, strict, max_entries)

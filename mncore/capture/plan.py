@@ -1,0 +1,274 @@
+"""Recording a step: run it traced, cut its graph, and describe how to run that graph again.
+
+A :class:`Plan` says, for one recorded call, where each graph input comes from (an argument, a
+storage that held it, a parameter's ``.grad``, a host tensor, a constant), what each graph output
+updates (a storage it wrote, a new ``.grad``, a tensor the step made and Python kept) and what the
+call returned. It holds the executable and weak references, never the traced nodes (they would keep
+the step's old buffers alive).
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch.utils import _pytree as pytree
+
+from mncore.compile.executable import Executable
+from mncore.devices import registry
+from mncore.devices.base import Device
+from mncore.ir.meta import TensorMeta
+from mncore.ir.values import Data, Node, Scalar, Seed, Site, describe_site
+from mncore.capture.world import World
+from mncore.trace.record import describe_host, value_of
+from mncore.trace.state import Recording, tracer
+from mncore.trace.sync import Submitted, cut
+from mncore.trace.tensor import LazyTensor, Storage
+
+
+@dataclass(eq=False)
+class Plan:
+    """How to run one recorded call again (see the module docstring for the binding kinds)."""
+
+    exe: Executable | None
+    device: Device
+    bindings: list[tuple]
+    scalars: list[Any]  # a Python number, or ("seed", k): the k-th seed the call drew
+    scalar_sites: list[tuple[str, Site | None]]
+    ops: tuple[tuple[int, str, Site | None], ...]  # (signature id, op, site) per node, for messages
+    n_seeds: int
+    out_metas: list[TensorMeta]
+    effects: list[tuple]
+    outputs: list[tuple]
+    out_spec: Any
+    hyperparameters: tuple
+    hosts: list[weakref.ref] = field(default_factory=list)
+    problem: tuple[str, Site | None] | None = None
+
+
+def record(fn: Callable, args: tuple, kwargs: dict, leaves: list, world: World,
+           previous: Plan | None) -> tuple[Any, Plan]:
+    """Call ``fn`` traced as lazy mode would, with its graph cut at the end; returns its result and plan."""
+    with tracer.lock:
+        cut("capture")  # what was traced before the step is not part of it
+    entry: dict[int, int] = {}
+    arg_ids: dict[int, int] = {}
+    for i, x in enumerate(leaves):
+        if isinstance(x, torch.Tensor):
+            arg_ids.setdefault(id(x), i)
+            if isinstance(x, LazyTensor) and type(x.mn_storage.value[0]) is Data:
+                entry.setdefault(id(x.mn_storage.value[0]), i)
+    host_versions = {id(t): t._version for t in (w() for w in previous.hosts) if t is not None} if previous else {}
+    hyper = world.hyperparameters()
+    rec = Recording()
+    saved_frames = tracer.record_frames
+    tracer.recording, tracer.record_frames = rec, True
+    try:
+        with world.watching():
+            out = fn(*args, **kwargs)
+    finally:
+        tracer.recording, tracer.record_frames = None, saved_frames
+    out_leaves, out_spec = pytree.tree_flatten(out)
+    problems = list(rec.problems)
+    outputs: list[tuple] = []
+    extra: list[tuple] = []
+    out_storages: set[int] = set()
+    with tracer.lock:
+        for t in out_leaves:
+            if isinstance(t, LazyTensor):
+                if id(t) in arg_ids and leaves[arg_ids[id(t)]] is t:
+                    outputs.append(("arg", arg_ids[id(t)]))
+                    continue
+                ref = value_of(t)
+                if type(ref[0]) is not Node:
+                    problems.append((f"it returns a tensor it did not compute ({describe_host(t)}); return a value "
+                                     "the step computes, or read that tensor outside the captured function", None))
+                out_storages.add(id(t.mn_storage))
+                outputs.append(("ref", ref, t.mn_meta))
+                extra.append(ref)
+            elif isinstance(t, torch.Tensor):
+                problems.append((f"it returns a host tensor ({describe_host(t)}); return mncore tensors", None))
+                outputs.append(("value", t))
+            else:
+                outputs.append(("value", t))
+        done = cut("capture", tuple(r for r in extra if type(r[0]) is Node))
+    plan = _plan(done, rec, leaves, entry, arg_ids, out_storages, world, outputs, out_spec, hyper, host_versions)
+    if problems and plan.problem is None:
+        plan.problem = problems[0]
+    return out, plan
+
+
+def _plan(done: Submitted | None, rec: Recording, leaves: list, entry: dict, arg_ids: dict, out_storages: set,
+          world: World, outputs: list, out_spec: Any, hyper: tuple, host_versions: dict) -> Plan:
+    device = registry.active()
+    if done is None:
+        return Plan(None, device, [], [], [], (), len(rec.seeds), [], [], outputs, out_spec, hyper)
+    grads = {}
+    for p in world.params():
+        g = p.grad
+        if isinstance(g, LazyTensor) and not g.mn_chain:
+            grads[id(g.mn_storage)] = p
+
+    def target(s: Storage) -> tuple:
+        p = grads.get(id(s))
+        return ("grad", weakref.ref(p)) if p is not None else ("storages", (weakref.ref(s),))
+
+    index = {(id(r[0]), r[1]): j for j, r in enumerate(done.roots)}
+    written: dict[int, Storage] = {}
+    effects: list[tuple] = []
+    for j, group in enumerate(done.groups):
+        for s in group:
+            before = done.before[id(s)]
+            if before is not None:
+                written[id(before)] = s
+                effects.append(("write", target(s), j))
+            elif id(s) in grads:
+                effects.append(("grad_new", weakref.ref(grads[id(s)]), j))
+            elif id(s) not in out_storages:
+                effects.append(("keep", weakref.ref(s), j))
+    problem = None
+    uploads = {id(leaf): (t, v, site) for leaf, t, v, site in rec.uploads}
+    bindings: list[tuple] = []
+    hosts: list[weakref.ref] = []
+    for leaf in done.graph.leaves:
+        if id(leaf) in entry:
+            bindings.append(("arg", entry[id(leaf)]))
+        elif id(leaf) in uploads:
+            t, version, site = uploads[id(leaf)]
+            i = arg_ids.get(id(t))
+            if i is not None and leaves[i] is t:
+                bindings.append(("upload", i))
+                continue
+            if t._version != version or host_versions.get(id(t), version) != version:
+                problem = problem or (f"the host tensor {describe_host(t)} is modified inside the function: a replay "
+                                      "would not repeat that; keep it on the device, or change it outside", site)
+            hosts.append(weakref.ref(t))
+            bindings.append(("host", weakref.ref(t), t.detach().clone(), site, leaf))
+        elif id(leaf) in written:
+            bindings.append(target(written[id(leaf)]))
+        else:
+            owners = [s for s in (w() for w in leaf.owners) if s is not None and s.value[0] is leaf]
+            grad_owner = next((s for s in owners if id(s) in grads), None)
+            if grad_owner is not None:
+                bindings.append(target(grad_owner))
+            elif owners:
+                bindings.append(("storages", tuple(weakref.ref(s) for s in owners)))
+            else:
+                bindings.append(("const", leaf))
+    seed_index = {id(s): k for k, s in enumerate(rec.seeds)}
+    scalars: list[Any] = [("seed", seed_index[id(s)]) if type(s) is Seed else s.value for s in done.graph.scalars]
+    sites: list[tuple[str, Site | None]] = []
+    ops = []
+    for n in done.graph.order:
+        name = _op_name(n)
+        ops.append((n.sig.id, name, n.frame))
+        sites += [(name, n.frame) for ref in n.inputs if isinstance(ref, Scalar)]
+    resolved = [(kind, (index[(id(o[1][0]), o[1][1])], o[2]) if kind == "ref" else o[1])
+                for o in outputs for kind in (o[0],)]
+    return Plan(done.exe, device, bindings, scalars, sites, tuple(ops), len(rec.seeds),
+                [leaf.meta for leaf in done.outs], effects, resolved, out_spec, hyper, hosts, problem)
+
+
+def _op_name(n: Node) -> str:
+    target = getattr(n.target, "op", n.target)
+    return str(getattr(target, "__name__", target))
+
+
+def disagreement(old: Plan, new: Plan) -> str | None:
+    """Why two recordings of one call key differ (None: they agree, and ``new`` can be replayed).
+
+    On agreement, a host tensor read in both is bound to the tensor itself when it is the same
+    object, and kept as a constant when both calls made an equal one.
+    """
+    if old.hyperparameters != new.hyperparameters:
+        return "an optimizer hyperparameter (lr, momentum, ...) changed between the two calls"
+    if old.device is not new.device:
+        return "the active device changed"
+    if (old.exe is None) != (new.exe is None) or (old.exe is not None and old.exe.name != new.exe.name):
+        return _graph_difference(old, new)
+    for k, (a, b) in enumerate(zip(old.scalars, new.scalars)):
+        if a != b and not (a != a and b != b):  # NaN equals NaN here
+            op, site = new.scalar_sites[k]
+            if isinstance(a, tuple) or isinstance(b, tuple):
+                return f"the random numbers of {op} at {describe_site(site)} are drawn in a different order"
+            return (f"the Python number passed to {op} at {describe_site(site)} differs between calls ({a!r}, then "
+                    f"{b!r}); capture would replay the old value. Make it a tensor on the device (a learning rate: "
+                    "lr=torch.tensor(..., device='mncore') with its scheduler), or for torch.optim.Adam/AdamW "
+                    "pass capturable=True")
+    if old.n_seeds != new.n_seeds:
+        return "the call draws a different number of random seeds"
+    for k, (a, b) in enumerate(zip(old.bindings, new.bindings)):
+        why = _binding_difference(a, b)
+        if why == "const":
+            new.bindings[k] = ("const", b[4])
+        elif why:
+            return why
+    if len(old.effects) != len(new.effects) or not all(map(_same_effect, old.effects, new.effects)):
+        return "the step writes different tensors than on the previous call"
+    if [o[0] for o in old.outputs] != [o[0] for o in new.outputs] or old.out_spec != new.out_spec:
+        return "the function returns a different structure than on the previous call"
+    for a, b in zip(old.outputs, new.outputs):
+        if a[0] == "value" and not _equal_values(a[1], b[1]):
+            return f"the function returns a different Python value on each call ({a[1]!r}, then {b[1]!r})"
+        if a[0] != "value" and a[1] != b[1]:
+            return "the function returns different tensors than on the previous call"
+    return None
+
+
+def _graph_difference(old: Plan, new: Plan) -> str:
+    for (sa, _, _), (sb, op, site) in zip(old.ops, new.ops):
+        if sa != sb:
+            return (f"the traced graph differs from the previous call from {op} at {describe_site(site)} on "
+                    "(Python control flow that depends on values or on state the arguments do not show)")
+    return (f"the traced graph differs from the previous call ({len(old.ops)} ops, then {len(new.ops)}; Python "
+            "control flow that depends on values or on state the arguments do not show)")
+
+
+def _binding_difference(a: tuple, b: tuple) -> str | None:
+    """None: the same source; "const": two equal host tensors made by the calls; else why they differ."""
+    if a[0] != b[0]:
+        return "the step reads its inputs from different places than on the previous call"
+    kind = a[0]
+    if kind in ("arg", "upload"):
+        return None if a[1] == b[1] else "the step reads its arguments in a different order"
+    if kind == "host":
+        if a[1]() is not None and a[1]() is b[1]():
+            return None
+        if a[2].shape == b[2].shape and a[2].dtype == b[2].dtype and torch.equal(a[2], b[2]):
+            return "const"
+        return (f"the host tensor {describe_host(b[2])} read at {describe_site(b[3])} has a different value on "
+                "each call; pass it as an argument, or keep it on the device")
+    if kind == "const":
+        return None if a[1] is b[1] else "the step reads a device value no live tensor holds"
+    return None if _same_place(a, b) else "the step reads different tensors than on the previous call"
+
+
+def _same_place(a: tuple, b: tuple) -> bool:
+    """Two targets, ``("storages", refs)`` or ``("grad", parameter ref)``, naming the same live tensors."""
+    if a[0] != b[0]:
+        return False
+    if a[0] == "grad":
+        p = a[1]()
+        return p is not None and p is b[1]()
+    xs, ys = [w() for w in a[1]], [w() for w in b[1]]
+    return len(xs) == len(ys) and all(x is not None and x is y for x, y in zip(xs, ys))
+
+
+def _same_effect(a: tuple, b: tuple) -> bool:
+    """Effects that update the same tensors from the same output (``keep``: a tensor each call makes)."""
+    if a[0] != b[0] or a[2] != b[2]:
+        return False
+    if a[0] == "keep":
+        return True
+    if a[0] == "grad_new":
+        p = a[1]()
+        return p is not None and p is b[1]()
+    return _same_place(a[1], b[1])
+
+
+def _equal_values(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # values without a plain equality (arrays): compare identity
+        return a is b

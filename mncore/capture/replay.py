@@ -1,0 +1,148 @@
+"""Replaying a plan: bind its inputs to what holds them now, submit its executable, apply its writes.
+
+Everything is resolved before anything changes, so a replay that cannot bind (a tensor it reads was
+freed, a ``.grad`` is gone) changes nothing and the caller traces the step instead.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+from torch.utils import _pytree as pytree
+
+from mncore.capture.plan import Plan
+from mncore.execute import Job, executor
+from mncore.ir.values import Data
+from mncore.observe import metrics, timeline
+from mncore.trace import rng
+from mncore.trace.record import new_tensor, upload
+from mncore.trace.state import tracer
+from mncore.trace.sync import cut, mark_host_end
+from mncore.trace.tensor import LazyTensor, Storage
+
+
+class Unbound(Exception):
+    """A plan's input or target cannot be found any more; the message says which."""
+
+
+def replay(plan: Plan, leaves: list) -> Any:
+    """Run ``plan`` on the call's flattened arguments; returns the call's result (raises Unbound)."""
+    t0 = timeline.now()
+    with tracer.lock:
+        if tracer.pending:
+            cut("capture")  # values written before the call must be device values to bind them
+        inputs = [_resolve(b, leaves) for b in plan.bindings]
+        targets = [_targets(e) for e in plan.effects]
+        outs: list[Data] = []
+        if plan.exe is not None:
+            plan.device.check_memory(plan.exe)
+            draws = [rng.next_seed() for _ in range(plan.n_seeds)]
+            scalars = [draws[v[1]] if type(v) is tuple else v for v in plan.scalars]
+            ready = threading.Event()
+            name = plan.exe.name
+            for meta in plan.out_metas:
+                leaf = Data(meta, ready=ready)
+                leaf.graph = name
+                outs.append(leaf)
+            dropped = []  # .grad tensors replaced: freed by the worker after the run
+            for (kind, _, j), found in zip(plan.effects, targets):
+                if kind == "grad_new":
+                    old = found.grad
+                    if _unshared(old):  # nobody else can see it: reuse it (as good as a new tensor, cheaper)
+                        _store(old.mn_storage, outs[j])
+                    else:
+                        dropped.append(old)
+                        found.grad = new_tensor((outs[j], 0), outs[j].meta)
+                else:
+                    for st in found:
+                        _store(st, outs[j])
+            executor.submit(Job(exe=plan.exe, leaves=inputs, scalars=scalars, outs=outs, release=dropped))
+        else:
+            for _ in range(plan.n_seeds):
+                rng.next_seed()
+        result = [leaves[o[1]] if o[0] == "arg" else o[1] if o[0] == "value" else
+                  new_tensor((outs[o[1][0]], 0), o[1][1]) for o in plan.outputs]
+    t1 = timeline.now()
+    timeline.record("host", "replay", t0, t1)
+    mark_host_end(t1)
+    metrics.add("replays")
+    return pytree.tree_unflatten(result, plan.out_spec)
+
+
+def _unshared(t: Any) -> bool:
+    """A ``.grad`` tensor only its parameter refers to (no other name, no view of its storage): writing
+    its storage cannot be told apart from assigning a new tensor. Counted: the parameter's slot, the
+    caller's name, this argument and getrefcount's; for the storage, the tensor and getrefcount's."""
+    return (type(t) is LazyTensor and not t.mn_chain and sys.getrefcount(t) == 4
+            and sys.getrefcount(t.mn_storage) == 2)
+
+
+def _store(s: Storage, leaf: Data) -> None:
+    """``s`` takes the new value; if the graph fails, readers fall back to the old one."""
+    old = s.value[0]
+    if type(old) is Data and leaf.fallback is None:
+        leaf.fallback = old
+    s.value = (leaf, 0)
+    s.version += 1
+    s.committed = None
+    leaf.own(s)
+
+
+def _resolve(b: tuple, leaves: list) -> Data:
+    kind = b[0]
+    if kind == "storages" and len(b[1]) == 1:  # the common case: one tensor holds it
+        s = b[1][0]()
+        if s is None:
+            raise Unbound("a tensor the step reads was freed")
+        v = s.value[0]
+    elif kind == "arg":
+        v = leaves[b[1]].mn_storage.value[0]
+    elif kind == "upload":
+        v = upload(leaves[b[1]])
+    elif kind == "host":
+        t = b[1]()
+        if t is None:
+            raise Unbound("a host tensor the step reads was freed")
+        v = upload(t)
+    elif kind == "const":
+        v = b[1]
+    else:
+        v = _one_value(_place(b))
+    if type(v) is not Data:
+        raise Unbound("a tensor the step reads holds no device value")
+    return v
+
+
+def _place(b: tuple) -> list[Storage]:
+    """The storages a ``("storages", refs)`` or ``("grad", parameter)`` target names now."""
+    if b[0] == "grad":
+        p = b[1]()
+        g = None if p is None else p.grad
+        if not isinstance(g, LazyTensor) or g.mn_chain:
+            raise Unbound("a parameter's .grad the step reads or accumulates into is gone")
+        return [g.mn_storage]
+    found = [s for s in (w() for w in b[1]) if s is not None]
+    if not found:
+        raise Unbound("a tensor the step reads or writes was freed")
+    return found
+
+
+def _one_value(storages: list[Storage]) -> Any:
+    v = storages[0].value[0]
+    if any(s.value[0] is not v for s in storages[1:]):
+        raise Unbound("tensors that held one value when the step was recorded hold different values now")
+    return v
+
+
+def _targets(effect: tuple) -> Any:
+    kind, target, _ = effect
+    if kind == "grad_new":
+        p = target()
+        if p is None:
+            raise Unbound("a parameter the step makes a .grad for was freed")
+        return p
+    if kind == "keep":
+        s = target()
+        return [] if s is None else [s]
+    return _place(target)
