@@ -121,11 +121,11 @@ class Captured:
             entry.ready, entry.disagreements = plan, 0
         elif why is not None:
             entry.disagreements += 1
-            metrics.count_retrace(why)
+            metrics.count_retrace(why.reason)
             # the first two recordings may differ for a good reason (state made on the first step, such
             # as optimizer buffers); a third that differs, or a re-validation that does, is refused
             if revalidating is not None or entry.disagreements >= 2:
-                self._refuse(entry, why)
+                self._refuse(entry, why.reason + (f" ({why.detail})" if why.detail else ""))
         entry.last = plan
         return out
 
@@ -138,7 +138,7 @@ class Captured:
             raise CaptureError(message)
         if cause not in self._warned:
             self._warned.add(cause)
-            warnings.warn(message, CaptureWarning, stacklevel=3)
+            warnings.warn(message, CaptureWarning, stacklevel=4)  # the caller of the captured function
 
     def reset(self) -> None:
         """Forget every recording (the next call records afresh)."""

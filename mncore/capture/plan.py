@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch.utils import _pytree as pytree
@@ -19,6 +19,7 @@ from mncore.compile.executable import Executable
 from mncore.devices import registry
 from mncore.devices.base import Device
 from mncore.ir.meta import TensorMeta
+from mncore.ir.targets import MutateFn, Seeded
 from mncore.ir.values import Data, Node, Scalar, Seed, Site, describe_site
 from mncore.capture.world import World
 from mncore.trace.record import describe_host, value_of
@@ -45,6 +46,7 @@ class Plan:
     hyperparameters: tuple
     hosts: list[weakref.ref] = field(default_factory=list)
     problem: tuple[str, Site | None] | None = None
+    program: Any = None  # replay's faster form of the bindings and effects, made at the first replay
 
 
 def record(fn: Callable, args: tuple, kwargs: dict, leaves: list, world: World,
@@ -81,10 +83,13 @@ def record(fn: Callable, args: tuple, kwargs: dict, leaves: list, world: World,
                     outputs.append(("arg", arg_ids[id(t)]))
                     continue
                 ref = value_of(t)
-                if type(ref[0]) is not Node:
-                    problems.append((f"it returns a tensor it did not compute ({describe_host(t)}); return a value "
-                                     "the step computes, or read that tensor outside the captured function", None))
                 out_storages.add(id(t.mn_storage))
+                if type(ref[0]) is not Node:  # not computed by the step, or a host read already ran it
+                    problems.append((f"it returns a tensor whose value the step did not leave pending "
+                                     f"({describe_host(t)}): it was read on the host inside the function, or the "
+                                     "step did not compute it; read results after the call", None))
+                    outputs.append(("value", t))
+                    continue
                 outputs.append(("ref", ref, t.mn_meta))
                 extra.append(ref)
             elif isinstance(t, torch.Tensor):
@@ -104,10 +109,10 @@ def _plan(done: Submitted | None, rec: Recording, leaves: list, entry: dict, arg
     device = registry.active()
     if done is None:
         return Plan(None, device, [], [], [], (), len(rec.seeds), [], [], outputs, out_spec, hyper)
-    grads = {}
+    grads = {}  # a .grad is often a view (a Linear weight's is the transpose of a matmul): key its storage
     for p in world.params():
         g = p.grad
-        if isinstance(g, LazyTensor) and not g.mn_chain:
+        if isinstance(g, LazyTensor):
             grads[id(g.mn_storage)] = p
 
     def target(s: Storage) -> tuple:
@@ -124,7 +129,8 @@ def _plan(done: Submitted | None, rec: Recording, leaves: list, entry: dict, arg
                 written[id(before)] = s
                 effects.append(("write", target(s), j))
             elif id(s) in grads:
-                effects.append(("grad_new", weakref.ref(grads[id(s)]), j))
+                g = grads[id(s)].grad
+                effects.append(("grad_new", (weakref.ref(grads[id(s)]), g.mn_meta, g.mn_chain), j))
             elif id(s) not in out_storages:
                 effects.append(("keep", weakref.ref(s), j))
     problem = None
@@ -171,48 +177,58 @@ def _plan(done: Submitted | None, rec: Recording, leaves: list, entry: dict, arg
 
 
 def _op_name(n: Node) -> str:
-    target = getattr(n.target, "op", n.target)
-    return str(getattr(target, "__name__", target))
+    target = n.target.op if isinstance(n.target, (Seeded, MutateFn)) else n.target
+    return str(target)
 
 
-def disagreement(old: Plan, new: Plan) -> str | None:
+class Disagreement(NamedTuple):
+    """Why two recordings differ: ``reason`` is the same each time it happens (metrics count it),
+    ``detail`` the values of this time (warnings show it)."""
+
+    reason: str
+    detail: str = ""
+
+
+def disagreement(old: Plan, new: Plan) -> Disagreement | None:
     """Why two recordings of one call key differ (None: they agree, and ``new`` can be replayed).
 
     On agreement, a host tensor read in both is bound to the tensor itself when it is the same
     object, and kept as a constant when both calls made an equal one.
     """
     if old.hyperparameters != new.hyperparameters:
-        return "an optimizer hyperparameter (lr, momentum, ...) changed between the two calls"
+        return Disagreement("an optimizer hyperparameter (lr, momentum, ...) changed between the two calls")
     if old.device is not new.device:
-        return "the active device changed"
+        return Disagreement("the active device changed")
     if (old.exe is None) != (new.exe is None) or (old.exe is not None and old.exe.name != new.exe.name):
-        return _graph_difference(old, new)
+        return Disagreement(_graph_difference(old, new))
     for k, (a, b) in enumerate(zip(old.scalars, new.scalars)):
         if a != b and not (a != a and b != b):  # NaN equals NaN here
             op, site = new.scalar_sites[k]
             if isinstance(a, tuple) or isinstance(b, tuple):
-                return f"the random numbers of {op} at {describe_site(site)} are drawn in a different order"
-            return (f"the Python number passed to {op} at {describe_site(site)} differs between calls ({a!r}, then "
-                    f"{b!r}); capture would replay the old value. Make it a tensor on the device (a learning rate: "
-                    "lr=torch.tensor(..., device='mncore') with its scheduler), or for torch.optim.Adam/AdamW "
-                    "pass capturable=True")
+                return Disagreement(f"the random numbers of {op} at {describe_site(site)} are drawn in another order")
+            return Disagreement(
+                f"the Python number passed to {op} at {describe_site(site)} differs between calls; capture would "
+                "replay the old value. Make it a tensor on the device (a learning rate: lr=torch.tensor(..., "
+                "device='mncore') with its scheduler), or for torch.optim.Adam/AdamW pass capturable=True",
+                f"{a!r}, then {b!r}")
     if old.n_seeds != new.n_seeds:
-        return "the call draws a different number of random seeds"
+        return Disagreement("the call draws a different number of random seeds")
     for k, (a, b) in enumerate(zip(old.bindings, new.bindings)):
         why = _binding_difference(a, b)
         if why == "const":
             new.bindings[k] = ("const", b[4])
         elif why:
-            return why
+            return Disagreement(why)
     if len(old.effects) != len(new.effects) or not all(map(_same_effect, old.effects, new.effects)):
-        return "the step writes different tensors than on the previous call"
+        return Disagreement("the step writes different tensors than on the previous call")
     if [o[0] for o in old.outputs] != [o[0] for o in new.outputs] or old.out_spec != new.out_spec:
-        return "the function returns a different structure than on the previous call"
+        return Disagreement("the function returns a different structure than on the previous call")
     for a, b in zip(old.outputs, new.outputs):
         if a[0] == "value" and not _equal_values(a[1], b[1]):
-            return f"the function returns a different Python value on each call ({a[1]!r}, then {b[1]!r})"
+            return Disagreement("the function returns a different Python value on each call",
+                                f"{a[1]!r}, then {b[1]!r}")
         if a[0] != "value" and a[1] != b[1]:
-            return "the function returns different tensors than on the previous call"
+            return Disagreement("the function returns different tensors than on the previous call")
     return None
 
 
@@ -262,8 +278,8 @@ def _same_effect(a: tuple, b: tuple) -> bool:
     if a[0] == "keep":
         return True
     if a[0] == "grad_new":
-        p = a[1]()
-        return p is not None and p is b[1]()
+        p = a[1][0]()
+        return p is not None and p is b[1][0]() and a[1][1:] == b[1][1:]
     return _same_place(a[1], b[1])
 
 

@@ -1,7 +1,9 @@
 """Replaying a plan: bind its inputs to what holds them now, submit its executable, apply its writes.
 
 Everything is resolved before anything changes, so a replay that cannot bind (a tensor it reads was
-freed, a ``.grad`` is gone) changes nothing and the caller traces the step instead.
+freed, a ``.grad`` is gone) changes nothing and the caller traces the step instead. A plan is turned
+into a :class:`Program` once: the common cases (one storage read or written) become plain weak
+references, so a replay costs a few attribute reads per tensor.
 """
 from __future__ import annotations
 
@@ -26,34 +28,73 @@ class Unbound(Exception):
     """A plan's input or target cannot be found any more; the message says which."""
 
 
+class Program:
+    """A plan's bindings and effects, sorted for speed: ``reads`` are weak references to storages
+    (None where the binding needs :func:`_resolve`), ``writes`` are (storage ref, output) pairs, and
+    ``others`` the effects that need :func:`_targets`."""
+
+    def __init__(self, plan: Plan):
+        self.reads = [b[1][0] if b[0] == "storages" and len(b[1]) == 1 else None for b in plan.bindings]
+        self.writes = [(e[1][1][0], e[2]) for e in plan.effects
+                       if e[0] == "write" and e[1][0] == "storages" and len(e[1][1]) == 1]
+        self.others = [e for e in plan.effects
+                       if not (e[0] == "write" and e[1][0] == "storages" and len(e[1][1]) == 1)]
+        self.seeded = [i for i, v in enumerate(plan.scalars) if type(v) is tuple]
+
+
 def replay(plan: Plan, leaves: list) -> Any:
     """Run ``plan`` on the call's flattened arguments; returns the call's result (raises Unbound)."""
     t0 = timeline.now()
+    prog = plan.program or Program(plan)
+    plan.program = prog
     with tracer.lock:
         if tracer.pending:
             cut("capture")  # values written before the call must be device values to bind them
-        inputs = [_resolve(b, leaves) for b in plan.bindings]
-        targets = [_targets(e) for e in plan.effects]
+        inputs = []
+        for w, b in zip(prog.reads, plan.bindings):
+            if w is not None:
+                s = w()
+                if s is None:
+                    raise Unbound("a tensor the step reads was freed")
+                v = s.value[0]
+                if type(v) is not Data:
+                    raise Unbound("a tensor the step reads holds no device value")
+            else:
+                v = _resolve(b, leaves)
+            inputs.append(v)
+        writes = []
+        for w, j in prog.writes:
+            s = w()
+            if s is None:
+                raise Unbound("a tensor the step writes was freed")
+            writes.append((s, j))
+        others = [(e, _targets(e)) for e in prog.others]
         outs: list[Data] = []
         if plan.exe is not None:
             plan.device.check_memory(plan.exe)
-            draws = [rng.next_seed() for _ in range(plan.n_seeds)]
-            scalars = [draws[v[1]] if type(v) is tuple else v for v in plan.scalars]
+            scalars = list(plan.scalars)
+            if plan.n_seeds:
+                draws = [rng.next_seed() for _ in range(plan.n_seeds)]
+                for i in prog.seeded:
+                    scalars[i] = draws[scalars[i][1]]
             ready = threading.Event()
             name = plan.exe.name
             for meta in plan.out_metas:
                 leaf = Data(meta, ready=ready)
                 leaf.graph = name
                 outs.append(leaf)
+            for s, j in writes:
+                _store(s, outs[j])
             dropped = []  # .grad tensors replaced: freed by the worker after the run
-            for (kind, _, j), found in zip(plan.effects, targets):
+            for (kind, _, j), found in others:
                 if kind == "grad_new":
-                    old = found.grad
-                    if _unshared(old):  # nobody else can see it: reuse it (as good as a new tensor, cheaper)
+                    param, (_, meta, chain) = found
+                    old = param.grad
+                    if _unshared(old, meta, chain):  # nobody else can see it: reuse it, cheaper than a new one
                         _store(old.mn_storage, outs[j])
                     else:
                         dropped.append(old)
-                        found.grad = new_tensor((outs[j], 0), outs[j].meta)
+                        param.grad = LazyTensor(meta, Storage((outs[j], 0), outs[j].meta), chain)
                 else:
                     for st in found:
                         _store(st, outs[j])
@@ -70,11 +111,12 @@ def replay(plan: Plan, leaves: list) -> Any:
     return pytree.tree_unflatten(result, plan.out_spec)
 
 
-def _unshared(t: Any) -> bool:
-    """A ``.grad`` tensor only its parameter refers to (no other name, no view of its storage): writing
-    its storage cannot be told apart from assigning a new tensor. Counted: the parameter's slot, the
-    caller's name, this argument and getrefcount's; for the storage, the tensor and getrefcount's."""
-    return (type(t) is LazyTensor and not t.mn_chain and sys.getrefcount(t) == 4
+def _unshared(t: Any, meta: Any, chain: tuple) -> bool:
+    """A ``.grad`` tensor shaped as the recorded one that only its parameter refers to (no other name,
+    no other view of its storage): writing its storage cannot be told apart from assigning a new
+    tensor. Counted: the parameter's slot, the caller's name, this argument and getrefcount's; for
+    the storage, the tensor and getrefcount's."""
+    return (type(t) is LazyTensor and t.mn_meta == meta and t.mn_chain == chain and sys.getrefcount(t) == 4
             and sys.getrefcount(t.mn_storage) == 2)
 
 
@@ -91,12 +133,7 @@ def _store(s: Storage, leaf: Data) -> None:
 
 def _resolve(b: tuple, leaves: list) -> Data:
     kind = b[0]
-    if kind == "storages" and len(b[1]) == 1:  # the common case: one tensor holds it
-        s = b[1][0]()
-        if s is None:
-            raise Unbound("a tensor the step reads was freed")
-        v = s.value[0]
-    elif kind == "arg":
+    if kind == "arg":
         v = leaves[b[1]].mn_storage.value[0]
     elif kind == "upload":
         v = upload(leaves[b[1]])
@@ -119,7 +156,7 @@ def _place(b: tuple) -> list[Storage]:
     if b[0] == "grad":
         p = b[1]()
         g = None if p is None else p.grad
-        if not isinstance(g, LazyTensor) or g.mn_chain:
+        if not isinstance(g, LazyTensor):
             raise Unbound("a parameter's .grad the step reads or accumulates into is gone")
         return [g.mn_storage]
     found = [s for s in (w() for w in b[1]) if s is not None]
@@ -138,10 +175,10 @@ def _one_value(storages: list[Storage]) -> Any:
 def _targets(effect: tuple) -> Any:
     kind, target, _ = effect
     if kind == "grad_new":
-        p = target()
+        p = target[0]()
         if p is None:
             raise Unbound("a parameter the step makes a .grad for was freed")
-        return p
+        return p, target
     if kind == "keep":
         s = target()
         return [] if s is None else [s]
