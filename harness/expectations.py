@@ -1,5 +1,6 @@
 """The checked-in expectations of the tiers (``ci/expected/<tier>_<backend>.csv``: status, graphs and
-compiles per model) and their performance baselines (``perf_<tier>_<backend>.csv``).
+compiles per model, and the captured mode's status and replays per step) and their performance
+baselines (``perf_<tier>_<backend>.csv``).
 
 Both files are read through one validating reader, so a corrupt file is refused with one line naming
 it (``ExpectationsError``) before any model runs, never judged row by row into false verdicts; and an
@@ -15,8 +16,15 @@ from reports.schema import ModelRow
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTED_DIR = ROOT / "ci" / "expected"
 KEY = ["model", "config"]
-EXPECTED_COLUMNS = KEY + ["status", "graphs_per_step", "compiles_after_warmup"]
-PERF_COLUMNS = KEY + ["backend", "eager_step_ms", "lazy_step_ms", "context_step_ms", "trace_ms"]
+EXPECTED_COLUMNS = KEY + ["status", "graphs_per_step", "compiles_after_warmup", "lazy_captured_status",
+                          "lazy_captured_replays_per_step"]
+PERF_COLUMNS = KEY + ["backend", "eager_step_ms", "lazy_step_ms", "context_step_ms", "trace_ms",
+                      "lazy_captured_step_ms"]
+# Columns added after files were checked in: a file without them reads them as '' (not measured)
+OPTIONAL = {"lazy_captured_status", "lazy_captured_replays_per_step", "lazy_captured_step_ms"}
+INTEGERS = ["graphs_per_step", "compiles_after_warmup"]
+STATUSES = ["status", "lazy_captured_status"]
+TIMED_MODES = ("lazy", "lazy_captured")  # whose step-time changes are reported against the baseline
 PERF_NOISE = 0.10  # single models swing by 5-10 % here: smaller changes are reported as noise
 Records = dict[tuple[str, str], dict[str, str]]
 
@@ -65,9 +73,12 @@ def _read(path: Path, columns: list[str]) -> Records:
         df = pd.read_csv(path, dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise _refuse(path, f"not a readable CSV ({str(e).strip().splitlines()[0]})") from None
-    missing = [c for c in columns if c not in df.columns]
+    missing = [c for c in columns if c not in df.columns and c not in OPTIONAL]
     if missing:
         raise _refuse(path, f"missing column(s) {', '.join(missing)}")
+    for c in columns:
+        if c not in df.columns:
+            df[c] = ""
     out: Records = {}
     for line, r in enumerate(df.to_dict("records"), 2):
         key = (r["model"], r["config"])
@@ -80,15 +91,20 @@ def _read(path: Path, columns: list[str]) -> Records:
 
 
 def load_expected(tier: str, backend: str) -> Records:
-    """The expectations of ``tier`` on ``backend`` (validated: statuses and integer counts)."""
+    """The expectations of ``tier`` on ``backend`` (validated: statuses, integer counts, replays per step)."""
     path = expected_path(tier, backend)
     records = _read(path, EXPECTED_COLUMNS)
     for (m, c), r in records.items():
-        if r["status"] not in ModelRow.STATUSES:
-            raise _refuse(path, f"{m}:{c} has status {r['status']!r}, not one of {', '.join(ModelRow.STATUSES)}")
-        bad = [col for col in EXPECTED_COLUMNS[3:] if not _is_int(r[col])]
+        for col in STATUSES:
+            unset = col != "status" and r[col] == ""  # the captured mode did not run (e.g. eager failed)
+            if r[col] not in ModelRow.STATUSES and not unset:
+                raise _refuse(path, f"{m}:{c} has {col} {r[col]!r}, not one of {', '.join(ModelRow.STATUSES)}")
+        bad = [col for col in INTEGERS if not _is_int(r[col])]
         if bad:
             raise _refuse(path, f"{m}:{c} has a non-integer {bad[0]} {r[bad[0]]!r}")
+        if not _is_number(r["lazy_captured_replays_per_step"]):
+            raise _refuse(path, f"{m}:{c} has a non-numeric lazy_captured_replays_per_step "
+                                f"{r['lazy_captured_replays_per_step']!r}")
     return records
 
 
@@ -127,7 +143,7 @@ def check(rows: list[dict[str, Any]], tier: str, backend: str) -> list[str]:
         for col in EXPECTED_COLUMNS[2:]:
             g = _text(r.get(col))
             if g != e[col]:
-                kind = "improvement" if col == "status" and g == "pass" else "regression" if col == "status" else "change"
+                kind = "change" if col not in STATUSES else "improvement" if g == "pass" else "regression"
                 problems.append(f"{path.name}: {key[0]}:{key[1]}: {col} {e[col]!r} -> {g!r} ({kind})")
     problems += [f"{path.name}: {m}:{c}: expected but not run" for m, c in want if (m, c) not in got_keys]
     return problems
@@ -160,10 +176,15 @@ def perf_report(rows: list[dict[str, Any]], tier: str, backend: str) -> list[str
     lines = []
     for r in rows:
         b = base.get((r["model"], r["config"]))
-        if b is None or b["backend"] != r["backend"] or not r.get("lazy_step_ms") or not b["lazy_step_ms"]:
+        if b is None or b["backend"] != r["backend"]:
             continue
-        old = float(b["lazy_step_ms"])
-        change = r["lazy_step_ms"] / old - 1 if old else 0.0
-        verdict = "noise" if abs(change) < PERF_NOISE else ("slower" if change > 0 else "faster")
-        lines.append(f"{r['model']}:{r['config']} lazy step {old:.1f} -> {r['lazy_step_ms']:.1f} ms ({change:+.0%}, {verdict})")
+        for mode in TIMED_MODES:
+            key, new = f"{mode}_step_ms", r.get(f"{mode}_step_ms")
+            if not new or not b[key] or not float(b[key]):
+                continue
+            old = float(b[key])
+            change = new / old - 1
+            verdict = "noise" if abs(change) < PERF_NOISE else ("slower" if change > 0 else "faster")
+            lines.append(f"{r['model']}:{r['config']} {mode.replace('_', ' ')} step {old:.1f} -> {new:.1f} ms "
+                         f"({change:+.0%}, {verdict})")
     return lines

@@ -1,8 +1,9 @@
 """Performance measurements behind ``harness report``: timed training steps of zoo models.
 
-Each measurement trains a zoo model on a backend in lazy mode (trace every step, ``mncore.sync()``)
-or with the Context API (compile once, call), after ``warmup`` untimed steps, and reads the timed
-window back from the runtime's timeline (host trace spans, device execution spans) and metrics.
+Each measurement trains a zoo model on a backend in lazy mode (trace every step, ``mncore.sync()``),
+in captured lazy mode (the same step wrapped in ``mncore.capture``: replayed once recorded) or with the
+Context API (compile once, call), after ``warmup`` untimed steps, and reads the timed window back from
+the runtime's timeline (host trace spans, device execution spans) and metrics.
 
 A backend is a device string passed to ``mncore.init`` / ``MNDevice`` plus an optional ``sim_mode``
 (``mncore2:auto`` defaults to the simulator's ``performance`` mode: modelled device time, measured
@@ -30,6 +31,7 @@ so a crash, an OOM or a hang yields a row instead of a lost report.
 from __future__ import annotations
 
 import copy
+import functools
 import gc
 import inspect
 import json
@@ -226,7 +228,8 @@ def _counters_delta(c0: dict, c1: dict, n: int) -> dict[str, Any]:
            "wait_ms": d.get("wait_s", 0.0) / per * 1e3, "compile_ms": d.get("compile_s", 0.0) / per * 1e3,
            "execute_ms": d.get("execute_s", 0.0) / per * 1e3, "compiles": int(d.get("compiles", 0)),
            "graphs_per_step": d.get("graphs_executed", 0) / per, "traced_ops_per_step": d.get("traced_ops", 0) / per,
-           "implicit_syncs_per_step": d.get("implicit_syncs", 0) / per, "cache_hits": int(d.get("cache_hits", 0))}
+           "implicit_syncs_per_step": d.get("implicit_syncs", 0) / per, "cache_hits": int(d.get("cache_hits", 0)),
+           "replays": int(d.get("replays", 0))}
     if "modelled_device_s" in c1:
         out["modelled_device_ms"] = d.get("modelled_device_s", 0.0) / per * 1e3
     return out
@@ -299,24 +302,35 @@ def _run_timed(step: Any, steps: int, warmup: int) -> tuple[dict, Any]:
 
 
 def measure_lazy(spec: Any, config: str, backend: Backend, *, execution: str = "async", steps: int = 5,
-                 warmup: int = 2, seed: int = 0, template: Any = None, trace_path: Path | None = None) -> dict:
-    """Lazy mode: the runner's step (``model_zoo.train_step`` + ``mncore.sync()``), timed after warm-up."""
+                 warmup: int = 2, seed: int = 0, template: Any = None, trace_path: Path | None = None,
+                 capture: bool = False) -> dict:
+    """Lazy mode: the runner's step (``model_zoo.train_step`` + ``mncore.sync()``), timed after warm-up;
+    ``capture``: the step wrapped in ``mncore.capture`` (``replays_per_step`` says how many timed steps
+    replayed: capture records ``CAPTURE_WARMUP`` calls first, so a shorter warm-up leaves recordings in)."""
     import mncore
     import model_zoo
+    from harness.runner import capturable, capture_warnings
 
     init_backend(backend, execution)
     model = _fresh(template, spec, config, seed).to("mncore")
     opt = spec.optimizer(model.parameters())
+    if capture:
+        capturable(opt)
     batches = _batches(spec, config, steps + warmup, seed)
+    train: Any = lambda batch: model_zoo.train_step(spec, model, opt, batch)  # noqa: E731
+    captured = mncore.capture(train) if capture else train
 
     def step(i: int) -> Any:
-        loss = model_zoo.train_step(spec, model, opt, model_zoo.batch_to(batches[i % len(batches)], "mncore"))
+        loss = captured(model_zoo.batch_to(batches[i % len(batches)], "mncore"))
         mncore.sync()
         return loss
 
-    res, loss = _run_timed(step, steps, warmup)
-    res.update(api="lazy", execution=execution, loss=_value(lambda: loss.detach().cpu()),
-               time_kind=time_kind(backend, res["device_time_kinds"]))
+    with capture_warnings() as refused:
+        res, loss = _run_timed(step, steps, warmup)
+    res.update(api="lazy_captured" if capture else "lazy", execution=execution,
+               loss=_value(lambda: loss.detach().cpu()), time_kind=time_kind(backend, res["device_time_kinds"]))
+    if capture:
+        res.update(replays_per_step=res["replays"] / steps, capture_warning="; ".join(refused) or None)
     if trace_path is not None:
         mncore.profile.export_chrome_trace(trace_path)
     gc.collect()
@@ -350,7 +364,14 @@ def measure_context(spec: Any, config: str, backend: Backend, *, execution: str 
 
 
 # -- cells (one model on one backend, in a child process) -------------------------------------------
-APIS = ("context", "lazy")
+APIS = ("context", "lazy", "lazy_captured")
+
+
+def _measure(api: str) -> Any:
+    """The measurement of ``api`` (looked up when called, so tests can replace the functions)."""
+    if api == "context":
+        return measure_context
+    return measure_lazy if api == "lazy" else functools.partial(measure_lazy, capture=True)
 
 
 def _stub_row(cell: dict, backend: Backend, status: str, reason: str) -> PerfRow:
@@ -382,14 +403,18 @@ def _bound(trace_ms: float, device_ms: float) -> str:
 
 
 def finish_compare(row: PerfRow, backend: Backend) -> PerfRow:
-    """The lazy/Context ratio and the lazy step's bound, from the prefixed fields of both APIs."""
-    row.time_kind = row.lazy_time_kind or row.context_time_kind or time_kind(backend, [])
+    """The lazy/Context and captured/Context ratios and the lazy step's bound, from the prefixed fields."""
+    row.time_kind = row.lazy_time_kind or row.context_time_kind or row.lazy_captured_time_kind \
+        or time_kind(backend, [])
     lazy, context = row.lazy, row.context
     if lazy.trace_ms is not None:
         row.window.trace_ms, row.window.device_ms = lazy.trace_ms, lazy.device_ms
         row.bound = _bound(lazy.trace_ms, lazy.device_ms)
-    if (context.step_ms or 0) > 0 and lazy.step_ms is not None:
-        row.ratio = lazy.step_ms / context.step_ms
+    if (context.step_ms or 0) > 0:
+        if lazy.step_ms is not None:
+            row.ratio = lazy.step_ms / context.step_ms
+        if row.lazy_captured.step_ms is not None:
+            row.captured_ratio = row.lazy_captured.step_ms / context.step_ms
     return row
 
 
@@ -397,11 +422,21 @@ def _error(row: PerfRow, reason: str) -> None:
     row.status, row.reason, row.traceback = "error", reason, traceback.format_exc()[-2000:]
 
 
+def _failed(row: PerfRow, api: str, reason: str) -> None:
+    """A compare cell's API failed: lazy or Context makes the row an error; captured lazy only says so in
+    ``captured_error`` (the row's lazy and Context figures stay shown)."""
+    if api != "lazy_captured":
+        _error(row, reason)
+        return
+    row.captured_error = reason
+    row.traceback = row.traceback or traceback.format_exc()[-2000:]
+
+
 def run_cell(cell: dict, artifacts: Path | None = None) -> list[PerfRow]:
     """Measure one cell in this process. ``cell``: report, model, config, backend, sim_mode, steps, warmup,
-    and ``kind``: 'compare' (the ``apis`` asked for, default Context then lazy, in ``execution``: one row,
-    with the ratio when both ran) or 'modes' (lazy in each of ``executions``, one row each, with
-    timeline and Chrome trace files)."""
+    and ``kind``: 'compare' (the ``apis`` asked for, default Context, lazy, captured lazy, in ``execution``:
+    one row, with the ratios to Context of those that ran) or 'modes' (lazy in each of ``executions``, one
+    row each, with timeline and Chrome trace files)."""
     import model_zoo
 
     backend = Backend(cell["backend"], cell.get("sim_mode"))
@@ -422,12 +457,11 @@ def run_cell(cell: dict, artifacts: Path | None = None) -> list[PerfRow]:
         row.execution = cell.get("execution", "async")
         results = {}
         for api in cell.get("apis", APIS):
-            fn = measure_context if api == "context" else measure_lazy
             try:
-                results[api] = fn(spec, cell["config"], backend, execution=row.execution, steps=steps,
-                                  warmup=warmup, template=template)
+                results[api] = _measure(api)(spec, cell["config"], backend, execution=row.execution, steps=steps,
+                                             warmup=warmup, template=template)
             except Exception as e:  # noqa: BLE001 - the row records it
-                _error(row, f"{api}: {type(e).__name__}: {str(e)[:400]}")
+                _failed(row, api, f"{api}: {type(e).__name__}: {str(e)[:400]}")
                 continue
             setattr(row, api, Measurement.pick(results[api]))
             setattr(row, f"{api}_time_kind", results[api]["time_kind"])
@@ -459,11 +493,21 @@ def run_cell(cell: dict, artifacts: Path | None = None) -> list[PerfRow]:
     return rows
 
 
+def _captured_part(half: PerfRow) -> PerfRow:
+    """The captured child's row with a failure of its own (a crash, a timeout) as ``captured_error``, so that
+    it never hides the lazy and Context figures of the cell."""
+    if half.status != "ok" and half.status != "unavailable":
+        half.captured_error = half.captured_error or f"lazy_captured: {half.status}: {half.reason}"
+        half.status, half.reason = "ok", ""
+    return half
+
+
 def _merge_compare(halves: list[list[PerfRow]], backend: Backend) -> PerfRow:
-    """The Context and lazy halves of a compare cell as one row (the first failure decides its status)."""
+    """The Context, lazy and captured parts of a compare cell (in ``APIS`` order) as one row (the first
+    failure of Context or lazy decides its status)."""
     row: dict = {}
-    for (half,) in halves:
-        record = half.to_json()
+    for api, (half,) in zip(APIS, halves):
+        record = (_captured_part(half) if api == "lazy_captured" else half).to_json()
         bad = record["status"] != "ok"
         keep = {k: v for k, v in record.items() if k not in ("status", "reason") or bad}
         if bad and row.get("status") not in (None, "ok"):
@@ -477,7 +521,7 @@ def _merge_compare(halves: list[list[PerfRow]], backend: Backend) -> PerfRow:
 
 def _jobs(i: int, cell: dict, backend: Backend, out: Path) -> list[Job]:
     """The child processes of a cell: one per API for a compare cell (the first big measurement in a
-    fresh process pays page faults the second one would not, which biased the ratio), else one."""
+    fresh process pays page faults a later one would not, which biased the ratio), else one."""
     stem = f"{i:02d}_{cell['model']}_{backend.slug}"
     halves = [({**cell, "apis": [api]}, f"{stem}_{api}", f" ({api})") for api in APIS] \
         if cell["kind"] == "compare" else [(cell, stem, "")]

@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--widths", type=width_list, default=WIDTHS, help=f"MLP widths (default {WIDTHS})")
     p.add_argument("--steps", type=positive_int, help="timed steps per measurement (default: " +
                    ", ".join(f"{k} {v}" for k, v in DEFAULT_STEPS.items()) + ")")
-    p.add_argument("--warmup", type=non_negative_int, default=2, help="untimed steps first (compile, optimizer state); default 2")
+    p.add_argument("--warmup", type=non_negative_int, default=3,
+                   help="untimed steps first (compile, optimizer state, mncore.capture's 3 recordings); default 3")
     p.add_argument("--config", default="default", help="zoo config of the models (default; 'tiny' for smoke runs)")
     p.add_argument("--out", type=directory, help="root directory of the reports (default reports/out; with --from: DIR)")
     p.add_argument("--from", dest="from_dir", type=directory, help="re-render from existing results under DIR; runs nothing")
@@ -116,6 +117,8 @@ def render(name: str, d: Path) -> None:
     print(tables.to_markdown(table))
     for note in tables.unavailable(df):
         print(f"  not run: {note}")
+    for note in tables.capture_notes(df):
+        print(f"  captured lazy: {note}")
     for t in tables.targets(name, df):
         print(f"  target {t.what} on {t.backend} ({t.limit}): {t.value} -> {t.verdict}" + (f" [{t.note}]" if t.note else ""))
     print(f"{name}: {d / 'results.jsonl'}, {d / 'results.csv'}; report {md}", flush=True)

@@ -1,32 +1,41 @@
-"""Train one zoo model N steps in eager (reference), lazy mode and the Context API; judge and time them.
+"""Train one zoo model N steps in eager (reference), lazy mode, lazy mode under ``mncore.capture`` and the
+Context API; judge and time them.
 
 ``run_one`` is executed in a child process per model (``python -m harness.runner``) so that a crash,
 an OOM or a hang in one model cannot take a tier run down; it prints one JSON row.
 All times are measured wall time on the backend's host (pfvm devices execute real kernels); a step
 is timed to its completion on the device (no overlap with the next step's trace: the per-step
 counters are read once the step's graphs finished), in lazy mode and with the Context API alike.
-The pipelined step times are ``harness report``'s (``harness/perf.py``).
+The pipelined step times are ``harness report``'s (``harness/perf.py``). The captured mode runs
+``CAPTURE_WARMUP`` more steps than the others (capture records before it replays; eager runs them too,
+so every mode is judged against the same eager run) and is timed over the steps after them.
 """
 from __future__ import annotations
 
+import copy
 import json
 import statistics
 import sys
 import tempfile
 import time
 import traceback
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import torch
 
-from reports.schema import ModelRow, ModeResult
+from reports.schema import CapturedResult, ModelRow, ModeResult
 
 # Model-level agreement: same maths, but kernels and optimizer forms (foreach vs for-loop) may order
 # float32 sums differently and errors grow over steps, so float32 tolerances are widened 100x; where
 # that is not enough, a float64 golden run decides (harness.compare.compare_with_fp64).
 TOLERANCE_SCALE = 100.0
 TOLERANCE_REASON = "model level: float32 summation order differs (foreach vs for-loop optimizers), grows over steps"
+# mncore.capture replays from its fourth call: the first records, the second is a new call key (now
+# with gradients and optimizer state), the third records again and agrees with the second.
+CAPTURE_WARMUP = 3
 _DROPOUT_ATTRS = ("dropout", "attention_dropout", "activation_dropout", "attn_dropout", "hidden_dropout",
                   "dropout_p", "layerdrop", "dropout_rate")
 
@@ -55,15 +64,17 @@ def _median_after_first(times: list[float]) -> float:
     return statistics.median(rest) * 1e3
 
 
-def run_eager(spec: Any, config: str, steps: int, seed: int, dtype: torch.dtype | None = None) -> dict:
-    """Eager CPU training; ``dtype=torch.float64`` gives the golden reference for accuracy verdicts."""
+def run_eager(spec: Any, config: str, steps: int, seed: int, dtype: torch.dtype | None = None,
+              keep: tuple[int, ...] = ()) -> dict:
+    """Eager CPU training; ``dtype=torch.float64`` gives the golden reference for accuracy verdicts.
+    ``keep``: step counts whose losses and state are kept too (``at[n]``), to judge modes that ran fewer steps."""
     import model_zoo
 
     model = disable_dropout(spec.build(config, seed=seed))
     if dtype is not None:
         model = model.to(dtype)
     opt = spec.optimizer(model.parameters())
-    losses, times = [], []
+    losses, times, at = [], [], {}
     for step in range(steps):
         batch = spec.make_batch(config, seed=seed + step)
         if dtype is not None:
@@ -72,10 +83,49 @@ def run_eager(spec: Any, config: str, steps: int, seed: int, dtype: torch.dtype 
         loss = model_zoo.train_step(spec, model, opt, batch)
         losses.append(float(loss.detach()))
         times.append(time.perf_counter() - t0)
-    return {"losses": losses, "state": _state(model), "step_ms": _median_after_first(times)}
+        if step + 1 in keep:
+            at[step + 1] = {"losses": list(losses), "state": _state(model)}
+    return {"losses": losses, "state": _state(model), "step_ms": _median_after_first(times), "at": at}
 
 
-def run_lazy(spec: Any, config: str, backend: str, steps: int, seed: int) -> dict:
+def _first(run: dict, steps: int) -> dict:
+    """The losses and state of an eager ``run`` after its first ``steps`` steps (kept with ``keep``)."""
+    return run if len(run["losses"]) == steps else run["at"][steps]
+
+
+def capturable(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Adam and AdamW with ``capturable=True`` (bias corrections on the device, the same maths), as
+    mncore.capture's warning tells a user to write: without it they are host numbers that change every
+    step, and capture refuses the step."""
+    if isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
+        for group in opt.param_groups:
+            group["capturable"] = True
+    return opt
+
+
+@contextmanager
+def capture_warnings() -> Iterator[list[str]]:
+    """The messages of the ``CaptureWarning``s raised inside (each once); other warnings pass through."""
+    from mncore.errors import CaptureWarning
+
+    seen: list[str] = []
+    show = warnings.showwarning
+
+    def keep(message: Any, category: type, *rest: Any, **kw: Any) -> None:
+        if not issubclass(category, CaptureWarning):
+            show(message, category, *rest, **kw)
+        elif str(message) not in seen:
+            seen.append(str(message))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", CaptureWarning)
+        warnings.showwarning = keep
+        yield seen
+
+
+def run_lazy(spec: Any, config: str, backend: str, steps: int, seed: int, capture: bool = False) -> dict:
+    """Lazy mode; ``capture``: the step wrapped in ``mncore.capture``, whose first ``CAPTURE_WARMUP`` steps
+    (its recordings) are left out of the step time and the replays per step."""
     import mncore
     import model_zoo
 
@@ -83,26 +133,31 @@ def run_lazy(spec: Any, config: str, backend: str, steps: int, seed: int) -> dic
     mncore.metrics.reset()
     model = disable_dropout(spec.build(config, seed=seed)).to("mncore")
     opt = spec.optimizer(model.parameters())
+    if capture:
+        capturable(opt)
+    train: Callable = lambda batch: model_zoo.train_step(spec, model, opt, batch)  # noqa: E731
+    step = mncore.capture(train) if capture else train
     batches = [model_zoo.batch_to(spec.make_batch(config, seed=seed + s), "cpu") for s in range(steps)]
     losses, times, per_step, peak = [], [], [], 0
     t_prev = time.perf_counter()
-    for batch in batches:
-        c0 = mncore.metrics.counters()
-        loss = model_zoo.train_step(spec, model, opt, model_zoo.batch_to(batch, "mncore"))
-        mncore.sync()
-        losses.append(loss.detach())
-        # The worker counts a graph (and may compile) after an async sync() returns: read the counters
-        # only once the step's graphs have finished, or a step counts 0 or 2 graphs at random.
-        mncore.wait_device_ops()
-        c1 = mncore.metrics.counters()
-        per_step.append({k: c1[k] - c0[k] for k in ("compiles", "graphs_executed", "cache_hits", "implicit_syncs",
-                                                      "trace_s", "sync_s", "compile_s", "fallback_ops")})
-        now = time.perf_counter()
-        times.append(now - t_prev)
-        t_prev = now
-        peak = max(peak, mncore.observe.live_bytes())
+    with capture_warnings() as refused:
+        for batch in batches:
+            c0 = mncore.metrics.counters()
+            loss = step(model_zoo.batch_to(batch, "mncore"))
+            mncore.sync()
+            losses.append(loss.detach())
+            # The worker counts a graph (and may compile) after an async sync() returns: read the counters
+            # only once the step's graphs have finished, or a step counts 0 or 2 graphs at random.
+            mncore.wait_device_ops()
+            c1 = mncore.metrics.counters()
+            per_step.append({k: c1[k] - c0[k] for k in ("compiles", "graphs_executed", "cache_hits", "implicit_syncs",
+                                                          "trace_s", "sync_s", "compile_s", "fallback_ops", "replays")})
+            now = time.perf_counter()
+            times.append(now - t_prev)
+            t_prev = now
+            peak = max(peak, mncore.observe.live_bytes())
     last = per_step[-1]
-    return {
+    out = {
         "losses": [float(l.cpu()) for l in losses], "state": _state(model), "step_ms": _median_after_first(times),
         "trace_ms": statistics.median((s["trace_s"] + s["sync_s"]) * 1e3 for s in per_step[1:] or per_step),
         "compile_s": sum(s["compile_s"] for s in per_step), "graphs_per_step": last["graphs_executed"],
@@ -110,6 +165,13 @@ def run_lazy(spec: Any, config: str, backend: str, steps: int, seed: int) -> dic
         "cache_hits": sum(s["cache_hits"] for s in per_step), "implicit_syncs_per_step": last["implicit_syncs"],
         "fallback_ops_per_step": last["fallback_ops"], "peak_device_bytes": peak,
     }
+    if capture:
+        skip = CAPTURE_WARMUP if steps > CAPTURE_WARMUP else 0
+        measured = per_step[skip:]
+        out.update(warmup=skip, replays_per_step=sum(s["replays"] for s in measured) / len(measured),
+                   retraces=mncore.metrics.capture_retraces(), refused="; ".join(refused),
+                   step_ms=statistics.median(times[skip:]) * 1e3 if skip else out["step_ms"])
+    return out
 
 
 def context_step(spec: Any, model: torch.nn.Module, device: Any) -> tuple[Any, Any]:
@@ -191,8 +253,41 @@ def _classify(exc: BaseException) -> str:
     return "oom" if isinstance(exc, MemoryError) or "out of memory" in text.lower() else "fail_to_run"
 
 
-def run_one(model: str, config: str, backend: str, steps: int, seed: int = 0) -> ModelRow:
-    """One row: every field of the results file for ``model`` on ``backend``."""
+def _fail(row: ModelRow, mode: str, status: str, reason: str, tb: str | None = None, sep: str = ": ") -> None:
+    """A mode did not pass: the captured mode says so itself; the row takes the first failure only, so a
+    later mode never hides an earlier one's result."""
+    if mode == "lazy_captured":
+        row.lazy_captured.status, row.lazy_captured.reason = status, reason
+    if row.status == "pass":
+        row.status, row.reason, row.traceback = status, f"{mode}{sep}{reason}", tb
+
+
+def _record(row: ModelRow, mode: str, res: dict, err: float) -> None:
+    """A finished mode's figures into the row (lazy mode's graph, cache and sync figures unprefixed)."""
+    figures = {"losses": res["losses"], "step_ms": res["step_ms"], "param_max_abs_err": err,
+               "compile_s": res["compile_s"]}
+    if mode == "lazy_captured":
+        row.lazy_captured = CapturedResult(**figures, status="pass", reason=res["refused"], warmup=res["warmup"],
+                                           replays_per_step=res["replays_per_step"], retraces=res["retraces"] or None)
+        return
+    setattr(row, mode, ModeResult(**figures))
+    for name, value in res.items():
+        if name not in ("losses", "state", "step_ms", "compile_s"):
+            setattr(row, name, value)
+
+
+def _crashed(row: ModelRow) -> ModelRow:
+    """The row as it stands, should the process die while the captured mode runs (the lazy and Context
+    results are kept)."""
+    crashed = copy.deepcopy(row)
+    _fail(crashed, "lazy_captured", "fail_to_run", "the process ended while lazy_captured ran (see the log)")
+    return crashed
+
+
+def run_one(model: str, config: str, backend: str, steps: int, seed: int = 0,
+            checkpoint: Callable[[ModelRow], None] | None = None) -> ModelRow:
+    """One row: every field of the results file for ``model`` on ``backend``. ``checkpoint`` gets the row
+    before the captured mode runs (the last mode: a crash there must not lose the others)."""
     import mncore
     import model_zoo
 
@@ -205,8 +300,9 @@ def run_one(model: str, config: str, backend: str, steps: int, seed: int = 0) ->
     except (KeyError, ValueError) as e:
         row.status, row.reason = "skipped", str(e).strip("'\"")
         return row
+    total = steps + CAPTURE_WARMUP
     try:
-        eager = run_eager(spec, config, steps, seed)
+        eager = run_eager(spec, config, total, seed, keep=(steps,))
     except Exception as e:  # noqa: BLE001 - the row records it
         row.status, row.reason = "eager_fail", f"{type(e).__name__}: {e}"
         row.traceback = traceback.format_exc()[-2000:]
@@ -214,28 +310,28 @@ def run_one(model: str, config: str, backend: str, steps: int, seed: int = 0) ->
     row.params = sum(t.numel() for t in eager["state"].values())
     row.eager_losses, row.eager_step_ms = eager["losses"], eager["step_ms"]
     golden: dict | None = None
-    for mode, fn in (("lazy", lambda: run_lazy(spec, config, backend, steps, seed)),
-                     ("context", lambda: run_context(spec, config, backend, steps, seed))):
+    for mode, n, fn in (("lazy", steps, lambda: run_lazy(spec, config, backend, steps, seed)),
+                        ("context", steps, lambda: run_context(spec, config, backend, steps, seed)),
+                        ("lazy_captured", total, lambda: run_lazy(spec, config, backend, total, seed, capture=True))):
+        if mode == "lazy_captured" and checkpoint is not None:
+            checkpoint(_crashed(row))
         try:
             res = fn()
         except Exception as e:  # noqa: BLE001 - the row records it
-            if row.status == "pass":
-                row.status, row.reason = _classify(e), f"{mode}: {type(e).__name__}: {str(e)[:500]}"
-                row.traceback = traceback.format_exc()[-2000:]
+            _fail(row, mode, _classify(e), f"{type(e).__name__}: {str(e)[:500]}", traceback.format_exc()[-2000:])
             continue
-        ok, why, err = _agreement(eager, res)
+        ok, why, err = _agreement(_first(eager, n), res)
         if not ok:  # float32 may drift chaotically: let a float64 golden run decide
-            golden = golden or run_eager(spec, config, steps, seed, dtype=torch.float64)
-            ok, why, err = _agreement(eager, res, golden)
-        setattr(row, mode, ModeResult(losses=res["losses"], step_ms=res["step_ms"], param_max_abs_err=err,
-                                      compile_s=res["compile_s"]))
-        for name, value in res.items():  # lazy mode's graph, cache and sync figures
-            if name not in ("losses", "state", "step_ms", "compile_s"):
-                setattr(row, name, value)
-        if not ok and row.status == "pass":
-            row.status, row.reason = "fail_accuracy", f"{mode} vs eager: {why[:500]}"
-    if row.lazy.step_ms and row.context.step_ms:
-        row.lazy_context_ratio = row.lazy.step_ms / row.context.step_ms
+            golden = golden or run_eager(spec, config, total, seed, dtype=torch.float64, keep=(steps,))
+            ok, why, err = _agreement(_first(eager, n), res, _first(golden, n))
+        _record(row, mode, res, err)
+        if not ok:
+            _fail(row, mode, "fail_accuracy", why[:500], sep=" vs eager: ")
+    if row.context.step_ms:
+        if row.lazy.step_ms:
+            row.lazy_context_ratio = row.lazy.step_ms / row.context.step_ms
+        if row.lazy_captured.step_ms:
+            row.captured_context_ratio = row.lazy_captured.step_ms / row.context.step_ms
     return row
 
 
@@ -245,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    ap = argparse.ArgumentParser(description="run one zoo model in eager, lazy and Context modes (one JSON row)")
+    ap = argparse.ArgumentParser(
+        description="run one zoo model in eager, lazy, captured lazy and Context modes (one JSON row)")
     ap.add_argument("--model", required=True)
     ap.add_argument("--config", default="tiny")
     ap.add_argument("--backend", default="pfvm:cpu")
@@ -255,12 +352,15 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     import mncore  # noqa: F401  (register the device before autograd's engine starts)
 
-    row = run_one(a.model, a.config, a.backend, a.steps, a.seed)
-    text = json.dumps(row.to_json())
-    if a.out:
-        a.out.write_text(text)
-    else:
-        print(text)
+    def write(row: ModelRow) -> None:
+        text = json.dumps(row.to_json())
+        if a.out:
+            a.out.write_text(text)
+        else:
+            print(text)
+
+    row = run_one(a.model, a.config, a.backend, a.steps, a.seed, checkpoint=write if a.out else None)
+    write(row)
     return 0 if row.status in ("pass", "skipped") else 1
 
 

@@ -20,6 +20,10 @@ Block = tuple[str, Any]
 TITLES = {"mlp-width": "MLP width sweep: lazy mode vs Context API",
           "async": "Execution modes: trace/device overlap (GPT-2 small training)",
           "models": "Models: ResNet-18 and GPT-2 small, lazy mode vs Context API"}
+CAPTURED_COLUMN = (
+    "captured ms/step, captured/Context: the lazy step wrapped in `mncore.capture` (traced until two recordings "
+    "agree, then replayed without running Python), timed like lazy mode after the same warm-up, and its ratio to "
+    "the Context API; a timed step it did not replay is listed under the table")
 COLUMNS = {
     "mlp-width": [
         "Context ms/step, lazy ms/step: training-step time (forward, backward, SGD) of the Context API "
@@ -27,6 +31,7 @@ COLUMNS = {
         "[min–max] of the intervals between consecutive steps' completions on the device (the steady-state "
         "period of the host-trace/device pipeline; N timed steps give N−1 intervals)",
         "lazy/Context: ratio of the two medians, measured in the same run (the seed's headline number)",
+        CAPTURED_COLUMN,
         "trace ms/step: host time producing a lazy step's graph (timeline host `trace` spans between graph "
         "cuts: model code, autograd and mncore's dispatch)",
         "device ms/step: graph execution time of a lazy step on the device lane",
@@ -48,6 +53,7 @@ COLUMNS = {
     ],
     "models": [
         "lazy/Context: ratio of median step times in the same run; seed: ResNet-18 batch 32 = 1.05 (MN-Core)",
+        CAPTURED_COLUMN,
         "breakdown: step, host trace (timeline), device (graph execution) and device idle are medians over the "
         "timed steps; in mncore dispatch (`trace_s`), graph cut (`sync_s`), compile (`compile_s`, 0 once warm) and "
         "host wait (`wait_s`: the host blocked on the worker) are the metrics counters over the window divided by "
@@ -136,7 +142,8 @@ def report_blocks(name: str, d: Path, heading: str = "h2") -> list[Block]:
     sub = "h3" if heading == "h2" else "h2"
     if name == "mlp-width":
         blocks.append(("p", "Training step of the seed's MLP (4 × [Linear(w, w) + ReLU] + classifier, batch 64, "
-                            "SGD) in lazy mode and with the Context API on each backend, same execution mode "
+                            "SGD) in lazy mode (also captured: `mncore.capture`) and with the Context API on each "
+                            "backend, same execution mode "
                             f"(`{meta.get('execution', 'async')}`). Seed reference ({reference.SEED}): "
                             f"{reference.MLP_QUOTE}."))
         blocks.append(("table", tables.mlp_table(df)))
@@ -167,12 +174,16 @@ def report_blocks(name: str, d: Path, heading: str = "h2") -> list[Block]:
             blocks.append(("ul", [f"`{t}`" for t in traces]))
     elif name == "models":
         blocks.append(("p", "Training steps of ResNet-18 (batch 32, 224², SGD momentum) and GPT-2 small (sequence "
-                            "128, batch 2, AdamW) in lazy mode and with the Context API, and where the time goes."))
+                            "128, batch 2, AdamW) in lazy mode (also captured: `mncore.capture`) and with the Context "
+                            "API, and where the time goes."))
         blocks.append(("table", tables.models_table(df)))
         blocks += [(sub, "Breakdown per step"), ("table", tables.breakdown_table(df))]
         img = plots.models_breakdown(df, d / "models_breakdown.png")
         if img:
             blocks.append(("img", (img.name, "breakdown per step")))
+    captured = tables.capture_notes(df)
+    if captured:
+        blocks += [("p", "Captured lazy steps that did not replay every timed step:"), ("ul", captured)]
     notes = tables.unavailable(df)
     if notes:
         blocks += [("p", "Not run:"), ("ul", notes)]

@@ -13,20 +13,26 @@ from reports import reference  # noqa: E402
 from reports.results import ok, read_timeline  # noqa: E402
 from reports.tables import MLP_W64_TARGET, MLP_W4096_TARGET  # noqa: E402
 
+APIS = [("context", "#8172b3", "Context API"), ("lazy", "#4c72b0", "lazy"),
+        ("lazy_captured", "#64b5cd", "captured lazy")]
 LANES = [("host", "trace", "host: trace", "#4c72b0"), ("host", "sync", "host: graph cut / wait", "#dd8452"),
          ("worker", None, "worker: prepare", "#55a868"), ("device", None, "device: graph", "#c44e52")]
 
 
 def mlp_ratio(df: pd.DataFrame, path: Path) -> Path:
-    """lazy/Context step-time ratio against width (log-scale x), one line per backend, seed points."""
+    """lazy/Context step-time ratio against width (log-scale x), one line per backend (dashed: captured
+    lazy/Context), seed points."""
     fig, ax = plt.subplots(figsize=(7.5, 5.6))
     good = ok(df)
     for backend, sub in (good.groupby("backend") if len(good) else []):
         sub = sub.sort_values("width")
         kind = sub["time_kind"].iloc[0]
-        ax.plot(sub["width"], sub["ratio"], marker="o", label=f"{backend} ({kind})")
+        (line,) = ax.plot(sub["width"], sub["ratio"], marker="o", label=f"{backend} ({kind})")
         for w, r in zip(sub["width"], sub["ratio"]):
             ax.annotate(f"{r:.2f}", (w, r), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
+        if "captured_ratio" in sub and sub["captured_ratio"].notna().any():
+            ax.plot(sub["width"], sub["captured_ratio"], marker="s", ls="--", color=line.get_color(),
+                    label=f"{backend}: captured lazy (mncore.capture) / Context")
     ax.scatter([4096], [reference.MLP_W4096_RATIO], marker="*", s=140, color="black", zorder=5,
                label=f"{reference.SEED}: 1.10x at w=4096 (MN-Core)")
     ax.axhline(reference.MLP_SMALL_W_RATIO, xmin=0.0, xmax=0.3, color="black", ls="--", lw=1.2,
@@ -38,7 +44,7 @@ def mlp_ratio(df: pd.DataFrame, path: Path) -> Path:
     widths = sorted(set(good["width"].astype(int))) if len(good) else [64, 4096]
     ax.set_xticks(widths, [str(w) for w in widths])
     ax.set_xlabel("MLP width w (4 layers, batch 64)")
-    ax.set_ylabel("lazy / Context API step time")
+    ax.set_ylabel("lazy (or captured lazy) / Context API step time")
     ax.set_ylim(bottom=0)
     ax.set_title("Lazy mode vs Context API: MLP width sweep")
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
@@ -100,7 +106,8 @@ def async_timelines(d: Path, df: pd.DataFrame, backend: str, path: Path) -> Path
 
 
 def models_breakdown(df: pd.DataFrame, path: Path) -> Path | None:
-    """Per model and backend: step, host trace, device, wait and compile time per step, lazy vs Context."""
+    """Per model and backend: step, host trace, device, wait and compile time per step, lazy vs captured
+    lazy vs Context."""
     good = ok(df)
     if not len(good):
         return None
@@ -110,13 +117,14 @@ def models_breakdown(df: pd.DataFrame, path: Path) -> Path | None:
     fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.6), squeeze=False)
     for ax, (_, r) in zip(axes[0], groups):
         x = range(len(keys))
-        for j, (api, color) in enumerate((("context", "#8172b3"), ("lazy", "#4c72b0"))):
+        for j, (api, color, name) in enumerate(APIS):
             vals = [float(r.get(f"{api}_{k}", 0) or 0) for _, k in keys]
-            ax.bar([i + (j - 0.5) * 0.38 for i in x], vals, width=0.38, color=color,
-                   label="Context API" if api == "context" else "lazy")
+            vals = [0.0 if v != v else v for v in vals]  # NaN: an API this row has not measured
+            ax.bar([i + (j - 1) * 0.27 for i in x], vals, width=0.27, color=color, label=name)
         ax.set_xticks(list(x), [lab for lab, _ in keys], fontsize=7)
         ax.set_ylabel("ms per step", fontsize=8)
-        ax.set_title(f"{r['model']} on {r['backend']}\nlazy/Context {r.get('ratio', float('nan')):.2f}", fontsize=8)
+        ax.set_title(f"{r['model']} on {r['backend']}\nlazy/Context {r.get('ratio', float('nan')):.2f}, "
+                     f"captured/Context {r.get('captured_ratio', float('nan')):.2f}", fontsize=8)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -89,6 +89,11 @@ class Measurement:
     """Final loss (None where the backend computes no values, e.g. performance mode)."""
     sim_mode_effective: str | None = None
     """The simulator mode the runtime ran in (None on pfvm devices)."""
+    replays_per_step: float | None = None
+    """Captured lazy only: timed steps ``mncore.capture`` replayed / timed steps (below 1.0: recordings or
+    retraces in the window; a warm-up under 3 steps leaves recordings in)."""
+    capture_warning: str | None = None
+    """Captured lazy only: the ``CaptureWarning`` of a step capture refused to replay (it kept tracing)."""
 
     @classmethod
     def pick(cls, figures: dict[str, Any]) -> Measurement:
@@ -188,7 +193,7 @@ class Row:
 
 @dataclass(kw_only=True)
 class ModeResult:
-    """What the tier runner keeps of one mode's training run (lazy or Context API)."""
+    """What the tier runner keeps of one mode's training run (lazy, captured lazy or Context API)."""
 
     losses: list[float] | None = None
     """Per-step losses."""
@@ -201,14 +206,32 @@ class ModeResult:
 
 
 @dataclass(kw_only=True)
+class CapturedResult(ModeResult):
+    """Lazy mode with the step wrapped in ``mncore.capture``: it runs ``warmup`` more steps than the
+    others (the calls capture records before it replays), so it has that many more losses, and its step
+    time and replays are over the steps after them (the measured steps)."""
+
+    status: str | None = None
+    """``pass``, ``fail_accuracy``, ``fail_to_run`` or ``oom``, judged as the other modes (None: not run)."""
+    reason: str | None = None
+    """Why the status is what it is, or the ``CaptureWarning`` of a step capture refused to replay."""
+    warmup: int | None = None
+    """Steps run before the measured ones (capture's recordings)."""
+    replays_per_step: float | None = None
+    """Replayed calls / measured steps (1.0: every measured step replayed; 0.0: still traced)."""
+    retraces: dict[str, int] | None = None
+    """``mncore.metrics.capture_retraces()`` of the run: why calls were traced instead of replayed."""
+
+
+@dataclass(kw_only=True)
 class ModelRow(Row):
     """One zoo model trained N steps on one backend by ``harness run --tier ...``: eager (reference),
-    lazy mode and the Context API from the same seed and data, judged and timed (always measured
-    wall time: pfvm devices execute real kernels)."""
+    lazy mode, lazy mode under ``mncore.capture`` and the Context API from the same seed and data,
+    judged and timed (always measured wall time: pfvm devices execute real kernels)."""
 
     STATUSES: ClassVar[tuple[str, ...]] = ("pass", "fail_accuracy", "fail_to_run", "eager_fail", "timeout", "oom",
                                            "skipped")
-    FLATTENED: ClassVar[dict[str, str]] = {"lazy": "lazy_", "context": "context_"}
+    FLATTENED: ClassVar[dict[str, str]] = {"lazy": "lazy_", "context": "context_", "lazy_captured": "lazy_captured_"}
 
     repro: str
     """The command that runs this row alone."""
@@ -219,7 +242,7 @@ class ModelRow(Row):
     traceback: str | None = jsonl_only()
     """The failing mode's traceback (tail), for the non-pass statuses that come from an exception."""
     eager_losses: list[float] | None = None
-    """Per-step losses of eager CPU training, the reference."""
+    """Per-step losses of eager CPU training, the reference (``lazy_captured_warmup`` more than ``steps``)."""
     eager_step_ms: float | None = None
     """Median eager step time after the first step."""
     trace_ms: float | None = None
@@ -238,24 +261,30 @@ class ModelRow(Row):
     """Most device memory held by live buffers after a lazy step."""
     lazy_context_ratio: float | None = None
     """lazy_step_ms / context_step_ms."""
+    captured_context_ratio: float | None = None
+    """lazy_captured_step_ms / context_step_ms."""
     wall_s: float | None = None
     """Wall time of the row's child process (set by the parent)."""
     lazy: ModeResult = field(default_factory=ModeResult)
     """Written as ``lazy_*``: lazy mode (its trace, graph and sync figures are the unprefixed fields)."""
     context: ModeResult = field(default_factory=ModeResult)
     """Written as ``context_*``: the Context API."""
+    lazy_captured: CapturedResult = field(default_factory=CapturedResult)
+    """Written as ``lazy_captured_*``: lazy mode with the step wrapped in ``mncore.capture``."""
 
 
 @dataclass(kw_only=True)
 class PerfRow(Row):
     """One measured row of ``harness report``: a model on a backend, timed after warm-up steps.
 
-    ``compare`` rows (mlp-width, models) hold both APIs' figures under ``context_``/``lazy_`` and the
-    lazy step's trace/device time unprefixed; ``modes`` rows (async) hold one lazy run unprefixed.
+    ``compare`` rows (mlp-width, models) hold each API's figures under ``context_``/``lazy_``/
+    ``lazy_captured_`` and the lazy step's trace/device time unprefixed; ``modes`` rows (async) hold one
+    lazy run unprefixed.
     """
 
     STATUSES: ClassVar[tuple[str, ...]] = ("ok", "error", "unavailable", "timeout", "oom")
-    FLATTENED: ClassVar[dict[str, str]] = {"window": "", "context": "context_", "lazy": "lazy_"}
+    FLATTENED: ClassVar[dict[str, str]] = {"window": "", "context": "context_", "lazy": "lazy_",
+                                           "lazy_captured": "lazy_captured_"}
 
     report: str
     """``mlp-width``, ``async`` or ``models``."""
@@ -276,10 +305,16 @@ class PerfRow(Row):
     """``time_kind`` of the Context API's measurement (compare rows)."""
     lazy_time_kind: str | None = None
     """``time_kind`` of lazy mode's measurement (compare rows)."""
+    lazy_captured_time_kind: str | None = None
+    """``time_kind`` of captured lazy mode's measurement (compare rows)."""
     bound: str | None = None
     """``trace-bound`` when host trace > device time, else ``device-bound``."""
     ratio: float | None = None
     """lazy step_ms / Context step_ms (compare rows with both APIs)."""
+    captured_ratio: float | None = None
+    """captured lazy step_ms / Context step_ms (compare rows with both)."""
+    captured_error: str | None = None
+    """Why captured lazy mode did not measure; the row's status stays that of lazy and Context."""
     per_step: dict[str, list[float]] | None = jsonl_only()
     """Per-step step/trace/device/idle ms (modes rows)."""
     timeline_file: str | None = None
@@ -298,3 +333,5 @@ class PerfRow(Row):
     """Written as ``context_*``: the Context API's measurement (compare rows)."""
     lazy: Measurement = field(default_factory=Measurement)
     """Written as ``lazy_*``: lazy mode's measurement (compare rows)."""
+    lazy_captured: Measurement = field(default_factory=Measurement)
+    """Written as ``lazy_captured_*``: lazy mode with the step in ``mncore.capture`` (compare rows)."""

@@ -68,19 +68,29 @@ def unavailable(df: pd.DataFrame) -> list[str]:
 
 
 # -- tables -------------------------------------------------------------------------------------------
+CAPTURED = ["captured ms/step", "captured/Context"]
+
+
+def _captured(r: pd.Series) -> dict[str, str]:
+    """The captured-lazy columns of a compare row ('–' where it did not measure)."""
+    return {"captured ms/step": with_spread(r, "lazy_captured_step_ms"),
+            "captured/Context": num(r.get("captured_ratio"))}
+
+
 def mlp_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per backend and width: Context and lazy step time, lazy/Context, trace and device time, bound."""
+    """Per backend and width: Context, lazy and captured lazy step time, their ratios to Context, trace and
+    device time, bound."""
     rows = []
     for _, r in ok(df).sort_values(["backend", "width"]).iterrows() if len(ok(df)) else []:
         rows.append({
             "backend": r["backend"], "width": int(r["width"]),
             "Context ms/step": with_spread(r, "context_step_ms"), "lazy ms/step": with_spread(r, "lazy_step_ms"),
-            "lazy/Context": num(r.get("ratio")), "trace ms/step": with_spread(r, "lazy_trace_ms"),
+            "lazy/Context": num(r.get("ratio")), **_captured(r), "trace ms/step": with_spread(r, "lazy_trace_ms"),
             "device ms/step": with_spread(r, "lazy_device_ms"), "lazy step is": r.get("bound", "–"),
             "time": r.get("time_kind", ""), "steps": int(r["steps"]),
         })
     return pd.DataFrame(rows, columns=["backend", "width", "Context ms/step", "lazy ms/step", "lazy/Context",
-                                       "trace ms/step", "device ms/step", "lazy step is", "time", "steps"])
+                                       *CAPTURED, "trace ms/step", "device ms/step", "lazy step is", "time", "steps"])
 
 
 def async_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -114,20 +124,40 @@ def _ratio(r: pd.Series) -> float:
 
 
 def models_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per model and backend: Context and lazy step time and their ratio (seed: ResNet-18 1.05)."""
+    """Per model and backend: Context, lazy and captured lazy step time and their ratios (seed: ResNet-18 1.05)."""
     seed = {"resnet18": num(reference.RESNET18_RATIO)}
     rows = []
     for _, r in ok(df).sort_values(["model", "backend"]).iterrows() if len(ok(df)) else []:
         rows.append({
             "model": r["model"], "batch": int(r["batch"]), "backend": r["backend"],
             "Context ms/step": with_spread(r, "context_step_ms"), "lazy ms/step": with_spread(r, "lazy_step_ms"),
-            "lazy/Context": num(r.get("ratio")), "seed lazy/Context": seed.get(r["model"], "–"),
+            "lazy/Context": num(r.get("ratio")), **_captured(r), "seed lazy/Context": seed.get(r["model"], "–"),
             "lazy step is": r.get("bound", "–"), "time": r.get("time_kind", ""), "steps": int(r["steps"]),
         })
     return pd.DataFrame(rows, columns=["model", "batch", "backend", "Context ms/step", "lazy ms/step", "lazy/Context",
-                                       "seed lazy/Context", "lazy step is", "time", "steps"])
+                                       *CAPTURED, "seed lazy/Context", "lazy step is", "time", "steps"])
 
 
+def capture_notes(df: pd.DataFrame) -> list[str]:
+    """One note per compare row whose captured lazy step did not replay every timed step, or did not run:
+    its figures are then (partly) traced steps."""
+    notes = []
+    for _, r in ok(df).iterrows() if len(ok(df)) else []:
+        what = f"{r['model']} on {r['backend']}"
+        if isinstance(r.get("captured_error"), str):
+            notes.append(f"{what}: not measured: {r['captured_error'][:300]}")
+            continue
+        replays = r.get("lazy_captured_replays_per_step")
+        if replays is None or pd.isna(replays) or float(replays) >= 1.0:
+            continue
+        why = r.get("lazy_captured_capture_warning")
+        notes.append(f"{what}: replayed {float(replays):.0%} of the timed steps"
+                     + (f" ({str(why)[:300]})" if isinstance(why, str) else " (recordings in the timed window: "
+                        "use --warmup 3 or more)"))
+    return notes
+
+
+API_NAMES = {"lazy": "lazy", "lazy_captured": "captured lazy", "context": "Context"}
 BREAKDOWN = [("step ms", "step_ms"), ("host trace ms", "trace_ms"), ("in mncore dispatch ms", "dispatch_ms"),
              ("graph cut ms", "sync_ms"), ("compile ms", "compile_ms"), ("device ms", "device_ms"),
              ("host wait ms", "wait_ms"), ("device idle ms", "idle_ms")]
@@ -137,10 +167,10 @@ def breakdown_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per model, backend and API: where a step's time goes (medians per step; compile: in the timed window)."""
     rows = []
     for _, r in ok(df).sort_values(["model", "backend"]).iterrows() if len(ok(df)) else []:
-        for api in ("lazy", "context"):
+        for api, name in API_NAMES.items():
             if f"{api}_step_ms" not in r or pd.isna(r.get(f"{api}_step_ms")):
                 continue
-            row = {"model": r["model"], "backend": r["backend"], "API": "lazy" if api == "lazy" else "Context"}
+            row = {"model": r["model"], "backend": r["backend"], "API": name}
             for label, key in BREAKDOWN:
                 row[label] = num(r.get(f"{api}_{key}"))
             row["warm-up compile s"] = num(r.get(f"{api}_warmup_compile_s"))

@@ -12,7 +12,7 @@ from harness import cli, perf
 from harness.results import write_results
 from reports import page, tables
 from reports.results import load
-from reports.schema import PerfRow
+from reports.schema import Measurement, PerfRow
 
 pytestmark = pytest.mark.unit
 
@@ -36,14 +36,19 @@ def _write(rows: list[dict], d: Path, meta: dict) -> None:
 
 
 def _compare_row(report: str, model: str, backend: str, context_ms: float, lazy_ms: float, trace: float,
-                 device: float, kind: str = perf.MEASURED, width: int | None = None) -> dict:
+                 device: float, kind: str = perf.MEASURED, width: int | None = None,
+                 captured_ms: float | None = None, replays: float = 1.0) -> dict:
     row = {"report": report, "model": model, "config": "default", "backend": backend, "device": backend,
            "sim_mode": None, "batch": 64, "steps": 3, "warmup": 2, "status": "ok", "reason": "", "execution": "async",
            "time_kind": kind, "trace_ms": trace, "device_ms": device, "ratio": lazy_ms / context_ms,
            "bound": "trace-bound" if trace > device else "device-bound"}
     if width:
         row["width"] = width
-    for api, step in (("context", context_ms), ("lazy", lazy_ms)):
+    apis = [("context", context_ms), ("lazy", lazy_ms)]
+    if captured_ms is not None:
+        apis.append(("lazy_captured", captured_ms))
+        row.update(captured_ratio=captured_ms / context_ms, lazy_captured_replays_per_step=replays)
+    for api, step in apis:
         row.update(_spread(f"{api}_", "step_ms", step))
         row.update(_spread(f"{api}_", "trace_ms", trace if api == "lazy" else 0.0))
         row.update(_spread(f"{api}_", "device_ms", device))
@@ -61,9 +66,10 @@ def _unavailable(report: str, model: str) -> dict:
 
 def _synthetic(root: Path) -> None:
     """Results files for all three reports, as ``harness report`` writes them (no model is run)."""
-    mlp = [_compare_row("mlp-width", f"mlp_w{w}", "pfvm:cpu", c, l, t, dv, width=w)
-           for w, c, l, t, dv in ((64, 1.0, 4.0, 3.5, 0.8), (1024, 20.0, 24.0, 4.0, 19.0), (4096, 400.0, 410.0, 4.0,
-                                                                                             399.0))]
+    mlp = [_compare_row("mlp-width", f"mlp_w{w}", "pfvm:cpu", c, l, t, dv, width=w, captured_ms=cap, replays=rep)
+           for w, c, l, t, dv, cap, rep in ((64, 1.0, 4.0, 3.5, 0.8, 1.5, 1.0),
+                                            (1024, 20.0, 24.0, 4.0, 19.0, 21.0, 0.5),
+                                            (4096, 400.0, 410.0, 4.0, 399.0, 402.0, 1.0))]
     mlp.append(_unavailable("mlp-width", "mlp_w64"))
     _write(mlp, root / "mlp-width", {**META, "report": "mlp-width"})
     d = root / "async"
@@ -90,7 +96,7 @@ def _synthetic(root: Path) -> None:
         rows.append(row)
     rows.append(_unavailable("async", "gpt2_small"))
     _write(rows, d, {**META, "report": "async"})
-    models = [_compare_row("models", "resnet18", "pfvm:cpu", 3000.0, 3100.0, 300.0, 2900.0),
+    models = [_compare_row("models", "resnet18", "pfvm:cpu", 3000.0, 3100.0, 300.0, 2900.0, captured_ms=2950.0),
               _compare_row("models", "gpt2_small", "pfvm:cpu", 2000.0, 2600.0, 400.0, 2000.0)]
     _write(models, root / "models", {**META, "report": "models"})
 
@@ -130,6 +136,17 @@ def test_render_from_synthetic_results_without_running(tmp_path, monkeypatch):
     table = tables.mlp_table(load(tmp_path / "mlp-width")[1])
     assert list(table["width"]) == [64, 1024, 4096] and table.iloc[0]["lazy/Context"] == "4.00"
     assert table.iloc[0]["Context ms/step"] == "1.00 [0.90–1.20]"
+    assert table.iloc[0]["captured ms/step"] == "1.50 [1.35–1.80]" and table.iloc[0]["captured/Context"] == "1.50"
+    # the captured column, and why a captured figure is partly traced steps, in the report and on the page
+    md = (tmp_path / "mlp-width" / "report.md").read_text()
+    assert "| captured ms/step | captured/Context |" in md
+    assert "mlp_w1024 on pfvm:cpu: replayed 50% of the timed steps (recordings in the timed window" in md
+    models = tables.models_table(load(tmp_path / "models")[1]).set_index("model")
+    assert models.loc["resnet18", "captured/Context"] == "0.98"
+    assert models.loc["gpt2_small", "captured/Context"] == "–"
+    apis = tables.breakdown_table(load(tmp_path / "models")[1]).groupby("model")["API"].apply(list)
+    assert apis["resnet18"] == ["lazy", "captured lazy", "Context"] and apis["gpt2_small"] == ["lazy", "Context"]
+    assert "captured/Context" in index
     assert list(tables.async_table(load(tmp_path / "async")[1])["mode"]) == ["sync", "async naive", "async (optimized)"]
 
 
@@ -168,7 +185,7 @@ def test_analyse_step_trace_device_idle():
 
 def test_tiny_real_measurement_rows_are_consistent(tmp_path):
     rows = perf.run_cell({"report": "mlp-width", "kind": "compare", "model": "mlp_w64", "config": "tiny",
-                          "backend": "pfvm:cpu", "steps": 2, "warmup": 1, "execution": "async"})
+                          "backend": "pfvm:cpu", "steps": 2, "warmup": 3, "execution": "async"})
     (row,) = rows
     assert row.status == "ok", row.reason
     assert row.width == 64 and row.time_kind == perf.MEASURED
@@ -179,12 +196,52 @@ def test_tiny_real_measurement_rows_are_consistent(tmp_path):
     assert row.lazy.step_ms_min <= row.lazy.step_ms <= row.lazy.step_ms_max
     # exact on purpose: the Context API records no trace spans (a sum of nothing) and the counts are integers
     assert row.context.trace_ms == 0 and row.lazy.compiles == 0 and row.lazy.graphs_per_step == 1
+    # captured lazy: the same warm-up covers capture's three recordings, so every timed step replayed
+    assert row.lazy_captured.replays_per_step == 1.0 and row.lazy_captured.graphs_per_step == 1
+    assert row.lazy_captured.capture_warning is None and row.lazy_captured_time_kind == perf.MEASURED
+    assert row.captured_ratio == pytest.approx(row.lazy_captured.step_ms / row.context.step_ms)
+    assert row.lazy_captured.loss == pytest.approx(row.lazy.loss, rel=1e-5)  # the same step, the same batches
     bad = perf.run_cell({"report": "mlp-width", "kind": "compare", "model": "mlp_w64", "config": "tiny",
                          "backend": "pfvm:tpu", "steps": 2, "warmup": 1})
     assert bad[0].status == "unavailable" and bad[0].reason.startswith("unavailable: ")
     write_results(rows + bad, tmp_path / "mlp-width", {**META, "report": "mlp-width", "steps": 2})
     md = page.render_report(tmp_path / "mlp-width", "mlp-width").read_text()
     assert "pfvm:tpu: unavailable" in md and "| pfvm:cpu | 64 |" in md
+
+
+def test_captured_failure_keeps_the_row_ok(monkeypatch):
+    """Captured lazy failing is said in ``captured_error`` and in the report's notes; the lazy and Context
+    figures of the row stay (the row is not an error)."""
+    measure = perf.measure_lazy
+
+    def fake(*args, capture=False, **kwargs):
+        if capture:
+            raise RuntimeError("capture broke")
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(perf, "measure_lazy", fake)
+    (row,) = perf.run_cell({"report": "mlp-width", "kind": "compare", "model": "mlp_w64", "config": "tiny",
+                            "backend": "pfvm:cpu", "steps": 2, "warmup": 1, "execution": "async"})
+    assert row.status == "ok" and row.captured_error == "lazy_captured: RuntimeError: capture broke"
+    assert row.ratio is not None and row.captured_ratio is None and row.lazy_captured.step_ms is None
+    df = pd.DataFrame([row.to_json()])
+    assert tables.capture_notes(df) == ["mlp_w64 on pfvm:cpu: not measured: lazy_captured: RuntimeError: capture broke"]
+    assert tables.mlp_table(df).iloc[0]["captured ms/step"] == "–"
+
+
+def test_a_captured_child_that_dies_leaves_the_cell_ok():
+    """The three children of a compare cell merged: the captured one timing out is said in ``captured_error``;
+    the lazy and Context figures (and their ratio) make the row."""
+    full = PerfRow.from_json(_compare_row("mlp-width", "mlp_w64", "pfvm:cpu", 2.0, 4.0, 3.0, 1.0, width=64), "test")
+    context, lazy = PerfRow.from_json(full.to_json(), "context"), PerfRow.from_json(full.to_json(), "lazy")
+    context.lazy = Measurement()
+    lazy.context = Measurement()
+    cell = {"report": "mlp-width", "model": "mlp_w64", "config": "default", "steps": 3, "warmup": 3}
+    backend = perf.Backend("pfvm:cpu")
+    died = perf._stub_row(cell, backend, "timeout", "no result after 3s")
+    row = perf._merge_compare([[context], [lazy], [died]], backend)
+    assert row.status == "ok" and row.captured_error == "lazy_captured: timeout: no result after 3s"
+    assert row.ratio == 2.0 and row.captured_ratio is None  # exact: 4.0 / 2.0
 
 
 def test_simulated_board_rows_say_modelled(tmp_path, monkeypatch):

@@ -29,6 +29,50 @@ def test_broken_backend_op_gives_fail_accuracy_with_repro():
     assert row.status == "fail_accuracy", row
     assert "lazy vs eager" in row.reason
     assert row.repro.startswith("python -m harness.runner --model mlp_w64")
+    # the captured mode replays the same wrong lowering and is judged against eager the same way
+    assert row.lazy_captured.status == "fail_accuracy" and row.lazy_captured.reason, row.lazy_captured
+
+
+def test_captured_mode_failure_keeps_lazy_and_context_results(tmp_path, monkeypatch):
+    """A capture that raises: the row says lazy_captured failed (classified as the others are), and the
+    lazy and Context results are all there; the row the runner left before the captured mode (what a
+    crash there would leave) says the same."""
+    out = tmp_path / "row.json"
+    left: dict = {}
+
+    def broken_capture(fn):
+        def call(*args):
+            left.update(json.loads(out.read_text()))
+            raise RuntimeError("capture broke")
+        return call
+
+    monkeypatch.setattr(mncore, "capture", broken_capture)
+    assert runner.main(["--model", "mlp_w64", "--config", "tiny", "--steps", "1", "--out", str(out)]) == 1
+    row = ModelRow.from_json(json.loads(out.read_text()), where=str(out))
+    assert row.status == "fail_to_run" and row.reason == "lazy_captured: RuntimeError: capture broke", row.reason
+    assert row.lazy_captured.status == "fail_to_run" and row.lazy_captured.losses is None
+    assert "capture broke" in row.traceback
+    assert len(row.lazy.losses) == len(row.context.losses) == 1 and row.lazy_context_ratio is not None
+    assert row.captured_context_ratio is None
+    assert left["status"] == left["lazy_captured_status"] == "fail_to_run"
+    assert left["reason"].startswith("lazy_captured: the process ended while lazy_captured ran")
+    assert left["lazy_losses"] == row.lazy.losses and left["context_losses"] == row.context.losses
+
+
+def test_captured_mode_records_why_capture_refused_a_step():
+    """A step that reads a value on the host cannot be replayed: capture keeps tracing it (right values)
+    and the mode records the CaptureWarning's reason and no replays."""
+    import dataclasses
+
+    import model_zoo
+
+    spec = model_zoo.get("mlp_w64")
+    reads = dataclasses.replace(spec, loss_fn=lambda model, batch: spec.loss(model, batch) * (
+        1.0 + 0.0 * float(batch["x"].sum())))
+    plain = runner.run_lazy(reads, "tiny", "pfvm:cpu", steps=4, seed=0)
+    res = runner.run_lazy(reads, "tiny", "pfvm:cpu", steps=4, seed=0, capture=True)
+    assert res["replays_per_step"] == 0.0 and "on the host" in res["refused"], res["refused"]
+    assert res["losses"] == plain["losses"]  # exact on purpose: both trace the same graphs every step
 
 
 def test_unknown_backend_and_model_are_skipped_rows():
@@ -132,7 +176,7 @@ def test_lazy_step_counters_are_read_after_the_device_finished():
 def test_expected_mismatch_is_reported(tmp_path, monkeypatch):
     monkeypatch.setattr(expectations, "EXPECTED_DIR", tmp_path)
     good = {"model": "m", "config": "tiny", "backend": "pfvm:cpu", "status": "pass", "graphs_per_step": 1,
-            "compiles_after_warmup": 0}
+            "compiles_after_warmup": 0, "lazy_captured_status": "pass", "lazy_captured_replays_per_step": 1.0}
     expectations.update([good], "models", "pfvm:cpu")
     assert expectations.check([good], "models", "pfvm:cpu") == []
     worse = dict(good, status="fail_accuracy")
@@ -144,6 +188,36 @@ def test_expected_mismatch_is_reported(tmp_path, monkeypatch):
     more_graphs = dict(good, graphs_per_step=3)
     expectations.update([good], "models", "pfvm:cpu")
     assert any("graphs_per_step" in p for p in expectations.check([more_graphs], "models", "pfvm:cpu"))
+    captured_fails = dict(good, lazy_captured_status="fail_to_run")
+    found = expectations.check([captured_fails], "models", "pfvm:cpu")
+    assert found == ["models_pfvm_cpu.csv: m:tiny: lazy_captured_status 'pass' -> 'fail_to_run' (regression)"]
+    traced = dict(good, lazy_captured_replays_per_step=0.0)
+    found = expectations.check([traced], "models", "pfvm:cpu")
+    assert found == ["models_pfvm_cpu.csv: m:tiny: lazy_captured_replays_per_step '1.0' -> '0.0' (change)"]
+
+
+def test_expectations_without_the_captured_columns_still_load(tmp_path, monkeypatch):
+    """A file written before the captured mode existed reads its columns as '' (a refresh fills them)."""
+    monkeypatch.setattr(expectations, "EXPECTED_DIR", tmp_path)
+    (tmp_path / "models_pfvm_cpu.csv").write_text("model,config,status,graphs_per_step,compiles_after_warmup\n"
+                                                 "m,tiny,pass,1,0\n")
+    (tmp_path / "perf_models_pfvm_cpu.csv").write_text(
+        "model,config,backend,eager_step_ms,lazy_step_ms,context_step_ms,trace_ms\nm,tiny,pfvm:cpu,1,2,1,1\n")
+    got = expectations.load_expected("models", "pfvm:cpu")[("m", "tiny")]
+    assert got["status"] == "pass" and got["lazy_captured_status"] == got["lazy_captured_replays_per_step"] == ""
+    assert expectations.load_perf("models", "pfvm:cpu")[("m", "tiny")]["lazy_captured_step_ms"] == ""
+    (tmp_path / "models_pfvm_cpu.csv").write_text("model,config,status,graphs_per_step,compiles_after_warmup,"
+                                                 "lazy_captured_status\nm,tiny,pass,1,0,replayed\n")
+    with pytest.raises(expectations.ExpectationsError, match="lazy_captured_status 'replayed'"):
+        expectations.load_expected("models", "pfvm:cpu")
+
+
+def test_results_rows_without_the_captured_mode_still_load():
+    """Results files written before the captured mode: its fields default to not measured."""
+    old = {k: v for k, v in _canned_row("mlp_w64").items() if "captured" not in k}
+    row = ModelRow.from_json(old, where="an old results file")
+    assert row.lazy_captured.status is None and row.lazy_captured.replays_per_step is None
+    assert not any("captured" in k for k in row.to_json())
 
 
 def _fake_run(rows: list[ModelRow]):
@@ -191,7 +265,12 @@ def test_update_expected_replaces_only_the_rows_that_ran(tmp_path, monkeypatch):
 
 
 def test_result_files_round_trip_into_pandas(tmp_path):
+    """A real row (every mode passes) written and read back; the captured mode replayed every measured step."""
     rows = [runner.run_one("mlp_w64", "tiny", "pfvm:cpu", steps=2)]
+    captured = rows[0].lazy_captured
+    assert (captured.status, captured.reason, captured.warmup, captured.replays_per_step) == ("pass", "", 3, 1.0)
+    assert len(captured.losses) == len(rows[0].eager_losses) == 2 + runner.CAPTURE_WARMUP
+    assert rows[0].captured_context_ratio == pytest.approx(captured.step_ms / rows[0].context.step_ms)
     jsonl, csv, _ = write_results(rows, tmp_path, tiers.metadata("models", 2), stamp=True)
     back = [json.loads(line) for line in jsonl.read_text().splitlines()]
     assert back[0]["model"] == "mlp_w64" and back[0]["status"] == "pass"
@@ -200,8 +279,11 @@ def test_result_files_round_trip_into_pandas(tmp_path):
     assert back[0]["lazy_losses"] == rows[0].lazy.losses
     df = pd.read_csv(csv)
     assert list(df["model"]) == ["mlp_w64"] and df.loc[0, "status"] == "pass"
-    assert {"lazy_step_ms", "context_step_ms", "graphs_per_step", "backend", "time_kind"} <= set(df.columns)
+    assert {"lazy_step_ms", "context_step_ms", "graphs_per_step", "backend", "time_kind", "lazy_captured_step_ms",
+            "lazy_captured_status", "lazy_captured_replays_per_step"} <= set(df.columns)
     assert json.loads(df.loc[0, "eager_losses"]) == rows[0].eager_losses  # a round trip too: exact
+    assert back[0]["lazy_captured_losses"] == captured.losses  # exact: written and read back
+    assert "lazy_captured_replays_per_step" in tiers.summary_table(back)
 
 
 def test_models_tier_covers_every_trait_once():
