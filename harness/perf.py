@@ -148,12 +148,14 @@ def analyse(events: list[tuple], bounds: list[float]) -> dict[str, Any]:
     ``bounds[0]`` is the window start (device idle), ``bounds[i]`` the host's return from step i.
     Step time is the interval between consecutive steps' completions on the device (the steady-state
     period of the trace/device pipeline; the first step's ramp-up, with the device idle while the host
-    traces, is left out), so ``idle = step - device`` per interval. Host trace is taken per host step.
-    Falls back to host step ends when the device events do not group evenly into steps.
+    traces, is left out), so ``idle = step - device`` per interval. Host trace (for a captured step, its
+    replay) is taken per host step. Falls back to host step ends when the device events do not group
+    evenly into steps.
     """
     n = len(bounds) - 1
     lo, hi = bounds[0], bounds[-1]
-    trace = [(s, e) for lane, name, s, e, _ in events if lane == "host" and name == "trace"]
+    # the host's own work per step: tracing, or replaying a captured step instead of tracing it
+    trace = [(s, e) for lane, name, s, e, _ in events if lane == "host" and name in ("trace", "replay")]
     device_ev = sorted((s, e, a) for lane, _, s, e, a in events if lane == "device" and e > lo)
     device = _union([(s, e) for s, e, _ in device_ev])
     traces = [_overlap(trace, bounds[i], bounds[i + 1]) for i in range(n)]

@@ -461,7 +461,7 @@ REFUSALS = {
     "adam_not_capturable": (["Python number", "capturable=True"], "refusal:opt_step"),
     "host_tensor_mutated": (["modified inside the function"], "refusal:host_tensor_mutated"),
     "changing_graph": (["graph differs"], "refusal:changing_graph"),
-    "host_upload_changes": (["different value on each call"], "refusal:host_upload_changes"),
+    "host_upload_changes": (["made anew on every call"], "refusal:host_upload_changes"),
 }
 
 
@@ -571,10 +571,10 @@ def test_refusal_is_reported_in_metrics():
     with pytest.warns(mncore.CaptureWarning):
         _refusal_run("host_upload_changes", "capture", base, _mlp_batches(12, 5, batch=8))
     reasons = mncore.metrics.capture_retraces()
-    assert any("different value on each call" in why for why in reasons)
+    assert any("made anew on every call" in why for why in reasons)
     assert _counters()["capture_retraces"] == sum(reasons.values())
     text = mncore.metrics.report()
-    assert "capture retraces" in text and "different value on each call" in text
+    assert "capture retraces" in text and "made anew on every call" in text
     assert re.search(r"captures\s+\d+", text) and re.search(r"replays\s+0\b", text)
     mncore.metrics.reset()
     assert mncore.metrics.capture_retraces() == {}

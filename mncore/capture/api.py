@@ -11,6 +11,7 @@ numbers that change, host tensors changed inside it) keeps being traced, with on
 from __future__ import annotations
 
 import functools
+import numbers
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -23,14 +24,14 @@ from mncore import config
 from mncore.capture.plan import Plan, disagreement, record
 from mncore.capture.replay import Unbound, replay
 from mncore.capture.world import World
-from mncore.config import require_init
+from mncore.config import require_init, settings
 from mncore.devices import registry
 from mncore.errors import CaptureError, CaptureWarning
 from mncore.ir.values import describe_site
 from mncore.observe import metrics
+from mncore.trace.state import tracer
 from mncore.trace.tensor import LazyTensor
 
-_PLAIN = (int, float, bool, str, type(None), complex)
 
 
 @dataclass(eq=False)
@@ -48,6 +49,8 @@ class Captured:
     """A captured step function; call it as the function itself. ``entries`` keeps ``max_entries`` keys."""
 
     def __init__(self, fn: Callable, check_every: int | None = None, strict: bool = False, max_entries: int = 8):
+        if isinstance(fn, Captured):  # capture(captured): the same function, with these options
+            fn = fn.fn
         if not callable(fn):
             raise TypeError(f"mncore.capture needs a function to capture, got {type(fn).__name__}")
         if max_entries < 1:
@@ -60,17 +63,21 @@ class Captured:
         self.max_entries = max_entries
         self.entries: OrderedDict[tuple, _Entry] = OrderedDict()
         self.world = World()
-        self._discovered = False
         self._warned: set[str] = set()
-        functools.update_wrapper(self, fn)
+        functools.update_wrapper(self, fn, updated=())  # the name and docs, not the function's attributes
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        """``@mncore.capture`` on a method: the instance is the first argument."""
+        return self if obj is None else functools.partial(self, obj)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         require_init()
+        if tracer.recording is not None:  # called by a step another capture records: part of that step
+            return self.fn(*args, **kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        if not self._discovered:
-            self.world.discover(self.fn, leaves)
-            self._discovered = True
-        key = (registry.active(), spec, tuple(_arg_key(x) for x in leaves), self.world.key())
+        roots = self.world.roots(self.fn, leaves)
+        key = (registry.active(), settings.device, settings.float_dtype, spec, tuple(_arg_key(x) for x in leaves),
+               _aliases(leaves), roots, self.world.key())
         entry = self.entries.get(key)
         if entry is None:
             entry = self.entries[key] = _Entry()
@@ -124,21 +131,24 @@ class Captured:
             metrics.count_retrace(why.reason)
             # the first two recordings may differ for a good reason (state made on the first step, such
             # as optimizer buffers); a third that differs, or a re-validation that does, is refused
-            if revalidating is not None or entry.disagreements >= 2:
-                self._refuse(entry, why.reason + (f" ({why.detail})" if why.detail else ""))
+            if why.final or revalidating is not None or entry.disagreements >= 2:
+                self._refuse(entry, why.reason, why.detail)
         entry.last = plan
         return out
 
-    def _refuse(self, entry: _Entry, cause: str) -> None:
+    def _refuse(self, entry: _Entry, cause: str, detail: str = "") -> None:
+        """Stop replaying this key; warn once per cause (the values of this time in the message)."""
         entry.refused = cause
         name = getattr(self.fn, "__qualname__", repr(self.fn))
-        message = (f"mncore.capture({name}): not replaying this step: {cause}. It keeps being traced every call "
-                   "(its values are right; it is only slower)")
+        message = (f"mncore.capture({name}): not replaying this step: {cause}"
+                   + (f" ({detail})" if detail else "")
+                   + ". It keeps being traced every call (its values are right; it is only slower)")
+        if cause in self._warned:
+            return
+        self._warned.add(cause)
         if self.strict:
             raise CaptureError(message)
-        if cause not in self._warned:
-            self._warned.add(cause)
-            warnings.warn(message, CaptureWarning, stacklevel=4)  # the caller of the captured function
+        warnings.warn(message, CaptureWarning, stacklevel=4)  # the caller of the captured function
 
     def reset(self) -> None:
         """Forget every recording (the next call records afresh)."""
@@ -146,14 +156,29 @@ class Captured:
 
 
 def _arg_key(x: Any) -> tuple:
+    """Tensors by their metadata (a view: also its base's identity, which the graph reads as a whole);
+    numbers and strings by value (``repr``: -0.0 is not 0.0, NaN is NaN); other objects by identity."""
     if isinstance(x, LazyTensor):
-        chain = repr(x.mn_chain) if x.mn_chain else ""
-        return "lazy", x.mn_meta, x.mn_storage.meta, x.requires_grad, chain
+        if x.mn_chain:
+            return "view", x.mn_meta, x.mn_storage.meta, x.requires_grad, repr(x.mn_chain), id(x.mn_storage)
+        return "lazy", x.mn_meta, x.requires_grad
     if isinstance(x, torch.Tensor):
-        return "host", x.shape, x.dtype, x.device, x.requires_grad
-    if type(x) in _PLAIN:
-        return type(x), x
+        return "host", x.shape, x.stride(), x.dtype, x.device, x.requires_grad
+    if isinstance(x, (str, numbers.Number)) or x is None:
+        return type(x), repr(x)
     return "object", type(x), id(x)
+
+
+def _aliases(leaves: list) -> tuple[int, ...]:
+    """For each argument, the first argument sharing its storage (or object): aliasing changes the graph."""
+    first: dict[int, int] = {}
+    out = []
+    for i, x in enumerate(leaves):
+        if isinstance(x, torch.Tensor):
+            out.append(first.setdefault(id(x.mn_storage) if isinstance(x, LazyTensor) else id(x), i))
+        else:
+            out.append(-1)
+    return tuple(out)
 
 
 def capture(fn: Callable | None = None, *, check_every: int | None = None, strict: bool = False,

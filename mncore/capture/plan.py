@@ -21,7 +21,7 @@ from mncore.devices.base import Device
 from mncore.ir.meta import TensorMeta
 from mncore.ir.targets import MutateFn, Seeded
 from mncore.ir.values import Data, Node, Scalar, Seed, Site, describe_site
-from mncore.capture.world import World
+from mncore.capture.world import World, plain
 from mncore.trace.record import describe_host, value_of
 from mncore.trace.state import Recording, tracer
 from mncore.trace.sync import Submitted, cut
@@ -54,14 +54,7 @@ def record(fn: Callable, args: tuple, kwargs: dict, leaves: list, world: World,
     """Call ``fn`` traced as lazy mode would, with its graph cut at the end; returns its result and plan."""
     with tracer.lock:
         cut("capture")  # what was traced before the step is not part of it
-    entry: dict[int, int] = {}
-    arg_ids: dict[int, int] = {}
-    for i, x in enumerate(leaves):
-        if isinstance(x, torch.Tensor):
-            arg_ids.setdefault(id(x), i)
-            if isinstance(x, LazyTensor) and type(x.mn_storage.value[0]) is Data:
-                entry.setdefault(id(x.mn_storage.value[0]), i)
-    host_versions = {id(t): t._version for t in (w() for w in previous.hosts) if t is not None} if previous else {}
+    call = _Call(leaves, previous)
     hyper = world.hyperparameters()
     rec = Recording()
     saved_frames = tracer.record_frames
@@ -76,11 +69,16 @@ def record(fn: Callable, args: tuple, kwargs: dict, leaves: list, world: World,
     outputs: list[tuple] = []
     extra: list[tuple] = []
     out_storages: set[int] = set()
+    first: dict[int, int] = {}
     with tracer.lock:
-        for t in out_leaves:
+        for k, t in enumerate(out_leaves):
+            if id(t) in first:  # the same object twice: returned twice
+                outputs.append(("same", first[id(t)]))
+                continue
+            first[id(t)] = k
             if isinstance(t, LazyTensor):
-                if id(t) in arg_ids and leaves[arg_ids[id(t)]] is t:
-                    outputs.append(("arg", arg_ids[id(t)]))
+                if id(t) in call.arg_ids and leaves[call.arg_ids[id(t)]] is t:
+                    outputs.append(("arg", call.arg_ids[id(t)]))
                     continue
                 ref = value_of(t)
                 out_storages.add(id(t.mn_storage))
@@ -88,36 +86,68 @@ def record(fn: Callable, args: tuple, kwargs: dict, leaves: list, world: World,
                     problems.append((f"it returns a tensor whose value the step did not leave pending "
                                      f"({describe_host(t)}): it was read on the host inside the function, or the "
                                      "step did not compute it; read results after the call", None))
-                    outputs.append(("value", t))
+                    outputs.append(("value", None))
                     continue
-                outputs.append(("ref", ref, t.mn_meta))
+                outputs.append(("ref", ref, t.mn_meta, t.requires_grad))
                 extra.append(ref)
             elif isinstance(t, torch.Tensor):
                 problems.append((f"it returns a host tensor ({describe_host(t)}); return mncore tensors", None))
-                outputs.append(("value", t))
+                outputs.append(("value", None))
+            elif not plain(t):
+                problems.append((f"it returns a {type(t).__name__} object, which a replay cannot rebuild; return "
+                                 "tensors and numbers in tuples, lists or dicts", None))
+                outputs.append(("value", None))
             else:
                 outputs.append(("value", t))
-        done = cut("capture", tuple(r for r in extra if type(r[0]) is Node))
-    plan = _plan(done, rec, leaves, entry, arg_ids, out_storages, world, outputs, out_spec, hyper, host_versions)
+        done = cut("capture", tuple(extra))
+    plan = _plan(done, rec, call, out_storages, world, outputs, out_spec, hyper)
     if problems and plan.problem is None:
         plan.problem = problems[0]
     return out, plan
 
 
-def _plan(done: Submitted | None, rec: Recording, leaves: list, entry: dict, arg_ids: dict, out_storages: set,
-          world: World, outputs: list, out_spec: Any, hyper: tuple, host_versions: dict) -> Plan:
+class _Call:
+    """The arguments of a recorded call as the plan needs them: which device value, storage and
+    object each argument is, and the version of each host tensor argument when the call began."""
+
+    def __init__(self, leaves: list, previous: Plan | None):
+        self.leaves = leaves
+        self.entry: dict[int, int] = {}  # id(device value) -> argument
+        self.storages: dict[int, int] = {}  # id(storage) -> argument
+        self.arg_ids: dict[int, int] = {}
+        self.versions: dict[int, int] = {}
+        for i, x in enumerate(leaves):
+            if isinstance(x, torch.Tensor):
+                self.arg_ids.setdefault(id(x), i)
+                if isinstance(x, LazyTensor):
+                    self.storages.setdefault(id(x.mn_storage), i)
+                    if type(x.mn_storage.value[0]) is Data:
+                        self.entry.setdefault(id(x.mn_storage.value[0]), i)
+                else:
+                    self.versions[id(x)] = x._version
+        self.host_versions = ({id(t): t._version for t in (w() for w in previous.hosts) if t is not None}
+                              if previous else {})
+
+
+def _plan(done: Submitted | None, rec: Recording, call: _Call, out_storages: set, world: World,
+          outputs: list, out_spec: Any, hyper: tuple) -> Plan:
     device = registry.active()
     if done is None:
         return Plan(None, device, [], [], [], (), len(rec.seeds), [], [], outputs, out_spec, hyper)
-    grads = {}  # a .grad is often a view (a Linear weight's is the transpose of a matmul): key its storage
-    for p in world.params():
-        g = p.grad
-        if isinstance(g, LazyTensor):
-            grads[id(g.mn_storage)] = p
+    leaves = call.leaves
+    grads: dict[int, tuple] = {}  # id(.grad storage) -> its holder; a .grad is often a view (a Linear
+    for p in world.params():     # weight's is the transpose of a matmul), so key its storage
+        if isinstance(p.grad, LazyTensor):
+            grads[id(p.grad.mn_storage)] = ("param", p)
+    for i, x in enumerate(leaves):
+        if isinstance(x, LazyTensor) and x.is_leaf and isinstance(x.grad, LazyTensor):
+            grads.setdefault(id(x.grad.mn_storage), ("arg", i))
 
     def target(s: Storage) -> tuple:
-        p = grads.get(id(s))
-        return ("grad", weakref.ref(p)) if p is not None else ("storages", (weakref.ref(s),))
+        if id(s) in call.storages:  # an argument's storage: whatever argument is passed then
+            return ("argstore", call.storages[id(s)])
+        holder = grads.get(id(s))
+        return ("grad", holder) if holder is not None else ("storages", (weakref.ref(s),))
 
     index = {(id(r[0]), r[1]): j for j, r in enumerate(done.roots)}
     written: dict[int, Storage] = {}
@@ -129,28 +159,35 @@ def _plan(done: Submitted | None, rec: Recording, leaves: list, entry: dict, arg
                 written[id(before)] = s
                 effects.append(("write", target(s), j))
             elif id(s) in grads:
-                g = grads[id(s)].grad
-                effects.append(("grad_new", (weakref.ref(grads[id(s)]), g.mn_meta, g.mn_chain), j))
+                g = holder_tensor(grads[id(s)], leaves).grad
+                effects.append(("grad_new", (grads[id(s)], g.mn_meta, g.mn_chain), j))
             elif id(s) not in out_storages:
                 effects.append(("keep", weakref.ref(s), j))
     problem = None
+    if any(o[0] == "ref" and o[3] for o in outputs) and not any(
+            e[0] == "grad_new" or (e[0] == "write" and e[1][0] == "grad") for e in effects):
+        problem = ("it returns a tensor with an autograd graph and computes no gradients: a replay returns "
+                   "detached tensors, so a backward() outside would fail; call backward() inside the captured "
+                   "function, or return detached values", None)
     uploads = {id(leaf): (t, v, site) for leaf, t, v, site in rec.uploads}
     bindings: list[tuple] = []
     hosts: list[weakref.ref] = []
     for leaf in done.graph.leaves:
-        if id(leaf) in entry:
-            bindings.append(("arg", entry[id(leaf)]))
+        if id(leaf) in call.entry:
+            bindings.append(("arg", call.entry[id(leaf)]))
         elif id(leaf) in uploads:
             t, version, site = uploads[id(leaf)]
-            i = arg_ids.get(id(t))
+            i = call.arg_ids.get(id(t))
+            start = call.versions.get(id(t), call.host_versions.get(id(t), version))
+            if t._version != version or start != version:
+                problem = problem or (f"the host tensor {describe_host(t)} is modified inside the function: a replay "
+                                      "would not repeat that; keep it on the device, or change it outside", site)
             if i is not None and leaves[i] is t:
                 bindings.append(("upload", i))
                 continue
-            if t._version != version or host_versions.get(id(t), version) != version:
-                problem = problem or (f"the host tensor {describe_host(t)} is modified inside the function: a replay "
-                                      "would not repeat that; keep it on the device, or change it outside", site)
             hosts.append(weakref.ref(t))
-            bindings.append(("host", weakref.ref(t), t.detach().clone(), site, leaf))
+            value = t.detach().clone() if t.numel() <= 1 else None  # a scalar may turn out to be a constant
+            bindings.append(("host", weakref.ref(t), value, site, leaf, describe_host(t)))
         elif id(leaf) in written:
             bindings.append(target(written[id(leaf)]))
         else:
@@ -170,10 +207,14 @@ def _plan(done: Submitted | None, rec: Recording, leaves: list, entry: dict, arg
         name = _op_name(n)
         ops.append((n.sig.id, name, n.frame))
         sites += [(name, n.frame) for ref in n.inputs if isinstance(ref, Scalar)]
-    resolved = [(kind, (index[(id(o[1][0]), o[1][1])], o[2]) if kind == "ref" else o[1])
-                for o in outputs for kind in (o[0],)]
+    resolved = [("ref", (index[(id(o[1][0]), o[1][1])], o[2])) if o[0] == "ref" else o for o in outputs]
     return Plan(done.exe, device, bindings, scalars, sites, tuple(ops), len(rec.seeds),
                 [leaf.meta for leaf in done.outs], effects, resolved, out_spec, hyper, hosts, problem)
+
+
+def holder_tensor(holder: tuple, leaves: list) -> Any:
+    """The tensor whose ``.grad`` a ``("param", p)`` or ``("arg", i)`` holder names."""
+    return holder[1] if holder[0] == "param" else leaves[holder[1]]
 
 
 def _op_name(n: Node) -> str:
@@ -183,17 +224,18 @@ def _op_name(n: Node) -> str:
 
 class Disagreement(NamedTuple):
     """Why two recordings differ: ``reason`` is the same each time it happens (metrics count it),
-    ``detail`` the values of this time (warnings show it)."""
+    ``detail`` the values of this time (warnings show it); ``final``: no later recording can agree."""
 
     reason: str
     detail: str = ""
+    final: bool = False
 
 
 def disagreement(old: Plan, new: Plan) -> Disagreement | None:
     """Why two recordings of one call key differ (None: they agree, and ``new`` can be replayed).
 
     On agreement, a host tensor read in both is bound to the tensor itself when it is the same
-    object, and kept as a constant when both calls made an equal one.
+    object, and kept as a constant when both calls made an equal scalar (or empty) one.
     """
     if old.hyperparameters != new.hyperparameters:
         return Disagreement("an optimizer hyperparameter (lr, momentum, ...) changed between the two calls")
@@ -202,7 +244,7 @@ def disagreement(old: Plan, new: Plan) -> Disagreement | None:
     if (old.exe is None) != (new.exe is None) or (old.exe is not None and old.exe.name != new.exe.name):
         return Disagreement(_graph_difference(old, new))
     for k, (a, b) in enumerate(zip(old.scalars, new.scalars)):
-        if a != b and not (a != a and b != b):  # NaN equals NaN here
+        if repr(a) != repr(b):  # repr: -0.0 differs from 0.0, NaN equals NaN
             op, site = new.scalar_sites[k]
             if isinstance(a, tuple) or isinstance(b, tuple):
                 return Disagreement(f"the random numbers of {op} at {describe_site(site)} are drawn in another order")
@@ -215,16 +257,16 @@ def disagreement(old: Plan, new: Plan) -> Disagreement | None:
         return Disagreement("the call draws a different number of random seeds")
     for k, (a, b) in enumerate(zip(old.bindings, new.bindings)):
         why = _binding_difference(a, b)
+        if isinstance(why, Disagreement):
+            return why
         if why == "const":
             new.bindings[k] = ("const", b[4])
-        elif why:
-            return Disagreement(why)
     if len(old.effects) != len(new.effects) or not all(map(_same_effect, old.effects, new.effects)):
         return Disagreement("the step writes different tensors than on the previous call")
     if [o[0] for o in old.outputs] != [o[0] for o in new.outputs] or old.out_spec != new.out_spec:
         return Disagreement("the function returns a different structure than on the previous call")
     for a, b in zip(old.outputs, new.outputs):
-        if a[0] == "value" and not _equal_values(a[1], b[1]):
+        if a[0] == "value" and repr(a[1]) != repr(b[1]):
             return Disagreement("the function returns a different Python value on each call",
                                 f"{a[1]!r}, then {b[1]!r}")
         if a[0] != "value" and a[1] != b[1]:
@@ -241,34 +283,44 @@ def _graph_difference(old: Plan, new: Plan) -> str:
             "control flow that depends on values or on state the arguments do not show)")
 
 
-def _binding_difference(a: tuple, b: tuple) -> str | None:
-    """None: the same source; "const": two equal host tensors made by the calls; else why they differ."""
+def _binding_difference(a: tuple, b: tuple) -> str | Disagreement | None:
+    """None: the same source; "const": two equal scalar host tensors made by the calls; else why not."""
     if a[0] != b[0]:
-        return "the step reads its inputs from different places than on the previous call"
+        return Disagreement("the step reads its inputs from different places than on the previous call")
     kind = a[0]
     if kind in ("arg", "upload"):
-        return None if a[1] == b[1] else "the step reads its arguments in a different order"
+        return None if a[1] == b[1] else Disagreement("the step reads its arguments in a different order")
     if kind == "host":
         if a[1]() is not None and a[1]() is b[1]():
             return None
-        if a[2].shape == b[2].shape and a[2].dtype == b[2].dtype and torch.equal(a[2], b[2]):
+        if a[2] is not None and b[2] is not None and a[2].dtype == b[2].dtype and torch.equal(a[2], b[2]):
             return "const"
-        return (f"the host tensor {describe_host(b[2])} read at {describe_site(b[3])} has a different value on "
-                "each call; pass it as an argument, or keep it on the device")
+        # a new host tensor on every call: data (a batch prepared inside the step) or a constant, capture
+        # cannot tell which, and replaying an old batch would be silently wrong
+        return Disagreement(f"the host tensor {b[5]} read at {describe_site(b[3])} is made anew on every call; "
+                            "pass it as an argument, or make it on the device", final=True)
     if kind == "const":
-        return None if a[1] is b[1] else "the step reads a device value no live tensor holds"
-    return None if _same_place(a, b) else "the step reads different tensors than on the previous call"
+        return None if a[1] is b[1] else Disagreement("the step reads a device value no live tensor holds")
+    if _same_place(a, b):
+        return None
+    return Disagreement("the step reads different tensors than on the previous call")
 
 
 def _same_place(a: tuple, b: tuple) -> bool:
-    """Two targets, ``("storages", refs)`` or ``("grad", parameter ref)``, naming the same live tensors."""
+    """Two targets naming the same tensors: ``("storages", refs)``, ``("grad", holder)`` or
+    ``("argstore", i)`` (the storage of the i-th argument)."""
     if a[0] != b[0]:
         return False
     if a[0] == "grad":
-        p = a[1]()
-        return p is not None and p is b[1]()
+        return _same_holder(a[1], b[1])
+    if a[0] == "argstore":
+        return a[1] == b[1]
     xs, ys = [w() for w in a[1]], [w() for w in b[1]]
     return len(xs) == len(ys) and all(x is not None and x is y for x, y in zip(xs, ys))
+
+
+def _same_holder(a: tuple, b: tuple) -> bool:
+    return a[0] == b[0] and (a[1] is b[1] if a[0] == "param" else a[1] == b[1])
 
 
 def _same_effect(a: tuple, b: tuple) -> bool:
@@ -278,13 +330,5 @@ def _same_effect(a: tuple, b: tuple) -> bool:
     if a[0] == "keep":
         return True
     if a[0] == "grad_new":
-        p = a[1][0]()
-        return p is not None and p is b[1][0]() and a[1][1:] == b[1][1:]
+        return _same_holder(a[1][0], b[1][0]) and a[1][1:] == b[1][1:]
     return _same_place(a[1], b[1])
-
-
-def _equal_values(a: Any, b: Any) -> bool:
-    try:
-        return bool(a == b)
-    except Exception:  # values without a plain equality (arrays): compare identity
-        return a is b

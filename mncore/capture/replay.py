@@ -13,7 +13,7 @@ from typing import Any
 
 from torch.utils import _pytree as pytree
 
-from mncore.capture.plan import Plan
+from mncore.capture.plan import Plan, holder_tensor
 from mncore.execute import Job, executor
 from mncore.ir.values import Data
 from mncore.observe import metrics, timeline
@@ -68,7 +68,7 @@ def replay(plan: Plan, leaves: list) -> Any:
             if s is None:
                 raise Unbound("a tensor the step writes was freed")
             writes.append((s, j))
-        others = [(e, _targets(e)) for e in prog.others]
+        others = [(e, _targets(e, leaves)) for e in prog.others]
         outs: list[Data] = []
         if plan.exe is not None:
             plan.device.check_memory(plan.exe)
@@ -102,8 +102,11 @@ def replay(plan: Plan, leaves: list) -> Any:
         else:
             for _ in range(plan.n_seeds):
                 rng.next_seed()
-        result = [leaves[o[1]] if o[0] == "arg" else o[1] if o[0] == "value" else
-                  new_tensor((outs[o[1][0]], 0), o[1][1]) for o in plan.outputs]
+        result: list[Any] = []
+        for o in plan.outputs:
+            kind = o[0]
+            result.append(new_tensor((outs[o[1][0]], 0), o[1][1]) if kind == "ref" else leaves[o[1]]
+                          if kind == "arg" else result[o[1]] if kind == "same" else o[1])
     t1 = timeline.now()
     timeline.record("host", "replay", t0, t1)
     mark_host_end(t1)
@@ -145,20 +148,24 @@ def _resolve(b: tuple, leaves: list) -> Data:
     elif kind == "const":
         v = b[1]
     else:
-        v = _one_value(_place(b))
+        v = _one_value(_place(b, leaves))
     if type(v) is not Data:
         raise Unbound("a tensor the step reads holds no device value")
     return v
 
 
-def _place(b: tuple) -> list[Storage]:
-    """The storages a ``("storages", refs)`` or ``("grad", parameter)`` target names now."""
+def _place(b: tuple, leaves: list) -> list[Storage]:
+    """The storages a ``("storages", refs)``, ``("grad", holder)`` or ``("argstore", i)`` target names now."""
     if b[0] == "grad":
-        p = b[1]()
-        g = None if p is None else p.grad
+        g = holder_tensor(b[1], leaves).grad
         if not isinstance(g, LazyTensor):
-            raise Unbound("a parameter's .grad the step reads or accumulates into is gone")
+            raise Unbound("a .grad the step reads or accumulates into is gone")
         return [g.mn_storage]
+    if b[0] == "argstore":
+        x = leaves[b[1]]
+        if not isinstance(x, LazyTensor):
+            raise Unbound("an argument the step writes is not an mncore tensor")
+        return [x.mn_storage]
     found = [s for s in (w() for w in b[1]) if s is not None]
     if not found:
         raise Unbound("a tensor the step reads or writes was freed")
@@ -172,14 +179,11 @@ def _one_value(storages: list[Storage]) -> Any:
     return v
 
 
-def _targets(effect: tuple) -> Any:
+def _targets(effect: tuple, leaves: list) -> Any:
     kind, target, _ = effect
     if kind == "grad_new":
-        p = target[0]()
-        if p is None:
-            raise Unbound("a parameter the step makes a .grad for was freed")
-        return p, target
+        return holder_tensor(target[0], leaves), target
     if kind == "keep":
         s = target()
         return [] if s is None else [s]
-    return _place(target)
+    return _place(target, leaves)

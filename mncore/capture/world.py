@@ -1,75 +1,107 @@
-"""What a captured step depends on besides its arguments: the modules and optimizers it uses.
+"""What a captured step depends on besides its arguments: the modules, optimizers and parameters it uses.
 
-Capture cannot see arbitrary Python state. It finds the ``nn.Module``s and optimizers a step uses
-(in the function's globals and closure, a bound method's ``self`` and its attributes, the
-arguments, and through module and optimizer hooks while it records) and keys on what changes their
-graph: each module's ``training`` flag, whether each parameter has a ``.grad``, grad mode and
-autocast. Optimizer hyperparameters that are Python numbers are a guard checked before each replay.
+Capture cannot see arbitrary Python state. It finds the ``nn.Module``s, optimizers and leaf tensors
+that require grad which a step reaches by name (the function's globals and closure, a bound
+method's ``self`` and the attributes of objects passed in, the arguments) before every call, and
+the modules and optimizers it runs through hooks while it records. It keys on what changes their
+graph: which objects those are, each module's ``training`` flag, each parameter's ``requires_grad``
+and whether it has a ``.grad``, grad mode and autocast. Optimizer hyperparameters that are Python
+numbers (or tuples of them) are a guard checked before each replay.
+
+Modules and optimizers are held weakly; tensors never are (``torch.utils.swap_tensors``, which
+``load_state_dict`` and ``Module.to`` use on mncore tensors, refuses a tensor with a weak reference).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import inspect
+import numbers
+import threading
 import weakref
 from typing import Any, Callable, Iterator
 
 import torch
-from torch import nn
+from torch import fx, nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from mncore.trace.tensor import DEVICE_NAME
+from mncore.trace.tensor import DEVICE_NAME, LazyTensor
 
 _PLAIN = (int, float, bool, str, type(None), complex)
 
 
+def plain(v: Any) -> bool:
+    """A value capture can key on and compare: a number, string, None, or a tuple or list of them."""
+    if type(v) in _PLAIN or isinstance(v, numbers.Number):
+        return True
+    return type(v) in (tuple, list) and all(plain(x) for x in v)
+
+
 class World:
-    """The modules, parameters and optimizers a captured function was seen to use (held weakly)."""
+    """The modules, optimizers and tensors a captured function was seen to use."""
 
     def __init__(self) -> None:
         self._modules: list[weakref.ref] = []
-        self._params: list[weakref.ref] = []
         self._optimizers: list[weakref.ref] = []
+        self._tensors: list[torch.Tensor] = []
         self._seen: set[int] = set()
+        self._thread: int | None = None
 
-    def discover(self, fn: Callable, leaves: list) -> None:
-        """Find modules and optimizers the function reaches without running it."""
-        for obj in _reachable(fn, leaves):
+    def roots(self, fn: Callable, leaves: list) -> tuple[int, ...]:
+        """Find what the call reaches by name (adding it to the world); their identities key the call,
+        so rebinding the global model or optimizer records the step again."""
+        found = list(_reachable(fn, leaves))
+        for obj in found:
             self.add(obj)
+        return tuple(id(obj) for obj in found)
 
     def add(self, obj: Any) -> None:
         if id(obj) in self._seen:
+            return
+        if isinstance(obj, fx.GraphModule):  # a compiled graph (mncore's own, run on the worker)
             return
         if isinstance(obj, nn.Module):
             for m in obj.modules():
                 if id(m) not in self._seen:
                     self._seen.add(id(m))
                     self._modules.append(weakref.ref(m))
-                    for p in m.parameters(recurse=False):
-                        self._add_param(p)
         elif isinstance(obj, torch.optim.Optimizer):
             self._seen.add(id(obj))
             self._optimizers.append(weakref.ref(obj))
-            for group in obj.param_groups:
-                for p in group["params"]:
-                    self._add_param(p)
+        elif isinstance(obj, LazyTensor) and obj.requires_grad and obj.is_leaf:
+            self._seen.add(id(obj))
+            self._tensors.append(obj)
 
-    def _add_param(self, p: torch.Tensor) -> None:
-        if id(p) not in self._seen:
-            self._seen.add(id(p))
-            self._params.append(weakref.ref(p))
-
-    def params(self) -> Iterator[torch.Tensor]:
-        for w in self._params:
-            p = w()
-            if p is not None:
-                yield p
+    def params(self) -> list[torch.Tensor]:
+        """Every parameter of the world's modules and optimizers, and its own tensors, once each."""
+        out: list[torch.Tensor] = []
+        seen: set[int] = set()
+        for w in self._modules:
+            m = w()
+            if m is not None:
+                for p in m._parameters.values():
+                    if p is not None and id(p) not in seen:
+                        seen.add(id(p))
+                        out.append(p)
+        for w in self._optimizers:
+            opt = w()
+            if opt is not None:
+                for group in opt.param_groups:
+                    for p in group["params"]:
+                        if id(p) not in seen:
+                            seen.add(id(p))
+                            out.append(p)
+        for t in self._tensors:
+            if id(t) not in seen:
+                seen.add(id(t))
+                out.append(t)
+        return out
 
     def key(self) -> tuple:
         """The Python state that changes the traced graph: computed before every call."""
         training = tuple([m.training for m in (w() for w in self._modules) if m is not None])
-        grads = tuple([p.grad is None for p in self.params()])
+        grads = tuple([(p.requires_grad, p.grad is None) for p in self.params()])
         return torch.is_grad_enabled(), _autocast(), training, grads
 
     def hyperparameters(self) -> tuple:
@@ -79,17 +111,22 @@ class World:
             opt = w()
             if opt is not None:
                 for g in opt.param_groups:
-                    out.append(tuple(sorted((k, v) for k, v in g.items() if k != "params" and type(v) in _PLAIN)))
+                    out.append(tuple(sorted((k, repr(v)) for k, v in g.items() if k != "params" and plain(v))))
         return tuple(out)
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[None]:
-        """While a step records: every module called and every optimizer stepped joins the world."""
+        """While a step records: every module it calls and every optimizer it steps joins the world
+        (on the recording thread only: the worker runs compiled graphs as modules too)."""
+        self._thread = threading.get_ident()
+
         def on_forward(module: nn.Module, args: Any) -> None:
-            self.add(module)
+            if threading.get_ident() == self._thread:
+                self.add(module)
 
         def on_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            self.add(opt)
+            if threading.get_ident() == self._thread:
+                self.add(opt)
 
         handles = [register_module_forward_pre_hook(on_forward), register_optimizer_step_pre_hook(on_step)]
         try:
@@ -101,16 +138,22 @@ class World:
 
 def _autocast() -> tuple:
     try:
-        return torch.is_autocast_enabled(DEVICE_NAME), torch.is_autocast_enabled("cpu")
-    except (RuntimeError, TypeError):  # a torch without per-device autocast queries
+        return tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in (DEVICE_NAME, "cpu"))
+    except (RuntimeError, TypeError, AttributeError):  # a torch without per-device autocast queries
         return (torch.is_autocast_enabled(),)
 
 
 def _reachable(fn: Callable, leaves: list) -> Iterator[Any]:
-    """Objects a call of ``fn`` can reach by name: arguments, partial arguments, a bound ``self`` (and
-    its attributes), closure cells and the globals its code names. What it reaches through other
-    functions is found by the hooks while it records."""
-    objs: list[Any] = list(leaves)
+    """Objects a call of ``fn`` reaches by name: arguments (and the attributes of objects passed),
+    partial arguments, a bound ``self`` (and its attributes), closure cells and the globals its code
+    names. What it reaches through other functions is found by the hooks while it records."""
+    objs: list[Any] = []
+    for x in leaves:  # tensor arguments are the call's own (their .grad is bound by position)
+        if isinstance(x, torch.Tensor):
+            continue
+        objs.append(x)
+        if not isinstance(x, nn.Module) and hasattr(x, "__dict__") and not inspect.isroutine(x):
+            objs += list(vars(x).values())
     f: Any = fn
     while isinstance(f, functools.partial):
         objs += list(f.args) + list(f.keywords.values())
@@ -129,6 +172,9 @@ def _reachable(fn: Callable, leaves: list) -> Iterator[Any]:
         for cell in getattr(f, "__closure__", None) or ():
             with contextlib.suppress(ValueError):  # an empty cell
                 objs.append(cell.cell_contents)
+    seen: set[int] = set()
     for obj in objs:
-        if isinstance(obj, (nn.Module, torch.optim.Optimizer)):
+        if id(obj) not in seen and (isinstance(obj, (nn.Module, torch.optim.Optimizer))
+                                    or (isinstance(obj, LazyTensor) and obj.requires_grad and obj.is_leaf)):
+            seen.add(id(obj))
             yield obj

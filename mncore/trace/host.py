@@ -33,7 +33,8 @@ def implicit_sync(reason: str) -> None:
     mode = settings.implicit_sync
     site = user_site() or ("<no Python frame: autograd engine thread>", 0, "backward")
     where = describe_site(site)
-    if mode == "error":
+    if mode == "error" and not (tracer.recording is not None and tracer.recording.synced):
+        # (a step being captured that called sync() before this read: its sync was only deferred)
         raise ImplicitSyncError(
             f"mncore: {reason} reads a tensor value before mncore.sync() at {where}; call mncore.sync() "
             "first or init(implicit_sync='warn'|'silent') to allow an implicit sync"

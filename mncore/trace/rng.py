@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import threading
 
+from mncore.trace.state import tracer
+
 _MASK = (1 << 64) - 1
 _state = {"seed": 0, "offset": 0}
 _lock = threading.Lock()
@@ -21,7 +23,14 @@ def _splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
+def _note_reset() -> None:
+    if tracer.recording is not None:
+        tracer.recording.refuse("the step sets the random-number state (torch.manual_seed, set_rng_state, fork_rng); "
+                                "a replay would draw on from the stream instead")
+
+
 def manual_seed(seed: int) -> None:
+    _note_reset()
     with _lock:
         _state["seed"], _state["offset"] = int(seed) & _MASK, 0
 
@@ -31,6 +40,7 @@ def get_state() -> tuple[int, int]:
 
 
 def set_state(state: tuple[int, int]) -> None:
+    _note_reset()
     with _lock:
         _state["seed"], _state["offset"] = int(state[0]), int(state[1])
 

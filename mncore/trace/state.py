@@ -14,12 +14,13 @@ class Recording:
     """What a step capture (``mncore.capture``) must see while its step traces: host tensors
     uploaded, random seeds drawn, and every reason the step cannot be replayed without Python."""
 
-    __slots__ = ("uploads", "seeds", "problems")
+    __slots__ = ("uploads", "seeds", "problems", "synced")
 
     def __init__(self) -> None:
         self.uploads: list[tuple] = []  # (leaf, host tensor, its version when read, site)
         self.seeds: list[Seed] = []
         self.problems: list[tuple[str, Site | None]] = []
+        self.synced = False  # the step called sync(), which was left to the end of the step
 
     def refuse(self, cause: str) -> None:
         self.problems.append((cause, user_site()))

@@ -69,6 +69,7 @@ def sync(wait: bool = False, reason: str = "user") -> None:
     require_init()
     user = reason == "user"
     if user and tracer.recording is not None:
+        tracer.recording.synced = True
         return
     if user:
         executor.raise_errors()
