@@ -2,8 +2,9 @@
 
 The seed's MLP (``mlp_w<width>``, batch 64, SGD) trains on the CPU in eager mode and on ``pfvm:cpu``
 under ``mncore.capture``; blocks of steps alternate between the two so that the machine's noise falls
-on both. Each step is timed to its completion (the captured one until ``wait_device_ops`` returns),
-measured wall time. Prints the medians and their ratio.
+on both. A block is timed from its first step to the completion of its last (the captured one until
+``wait_device_ops`` returns: replays run ahead of the device as in a training loop), measured wall
+time; a step's time is its block's over its steps. Prints the medians over blocks and their ratio.
 
     python benchmarks/capture_vs_eager.py [--width 64] [--steps 200] [--blocks 10]
 """
@@ -43,23 +44,25 @@ def main(argv: list[str] | None = None) -> int:
     def captured(i: int) -> None:
         step(device_batches[i % len(device_batches)])
         mncore.sync()
-        mncore.wait_device_ops()
 
     for i in range(5):  # warm-up: capture records, then replays
         eager(i)
         captured(i)
+    mncore.wait_device_ops()
     times: dict[str, list[float]] = {"eager": [], "captured": []}
     per_block = max(1, a.steps // a.blocks)
     for block in range(a.blocks):
         for name, fn in (("eager", eager), ("captured", captured)) if block % 2 == 0 else (
                 ("captured", captured), ("eager", eager)):
+            t0 = time.perf_counter()
             for i in range(per_block):
-                t0 = time.perf_counter()
                 fn(i)
-                times[name].append(time.perf_counter() - t0)
+            mncore.wait_device_ops()
+            times[name].append((time.perf_counter() - t0) / per_block)
     replays = mncore.metrics.counters()["replays"]
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-    print(f"MLP w={a.width}, batch 64, SGD; measured wall time per step, median of {len(times['eager'])}")
+    print(f"MLP w={a.width}, batch 64, SGD; measured wall time per step, median of {a.blocks} blocks "
+          f"of {per_block} steps")
     print(f"  eager PyTorch (CPU):         {med['eager']:.3f} ms")
     print(f"  mncore.capture (pfvm:cpu):   {med['captured']:.3f} ms   ({replays} replays)")
     print(f"  captured / eager:            {med['captured'] / med['eager']:.2f}")

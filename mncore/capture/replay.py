@@ -98,7 +98,11 @@ def replay(plan: Plan, leaves: list) -> Any:
                 else:
                     for st in found:
                         _store(st, outs[j])
-            executor.submit(Job(exe=plan.exe, leaves=inputs, scalars=scalars, outs=outs, release=dropped))
+            t_submit = timeline.now()
+            waited = executor.submit(Job(exe=plan.exe, leaves=inputs, scalars=scalars, outs=outs, release=dropped))
+            if waited:  # the wait for the worker is not the host's work: two spans around it
+                timeline.record("host", "replay", t0, t_submit)
+                t0 = t_submit + waited
         else:
             for _ in range(plan.n_seeds):
                 rng.next_seed()
