@@ -54,3 +54,10 @@ def sim_env(monkeypatch, tmp_path):
     monkeypatch.setenv("MNCORE_RUNTIME_DIR", str(tmp_path / "runtime"))
     yield monkeypatch
     back_to_cpu()
+
+
+@pytest.fixture
+def no_capture_check(monkeypatch):
+    """Capture tests count replays: an inherited MNCORE_CAPTURE_CHECK must not add re-validations."""
+    monkeypatch.delenv("MNCORE_CAPTURE_CHECK", raising=False)
+    yield

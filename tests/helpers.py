@@ -59,3 +59,14 @@ def eager_seed_mlp_train() -> tuple[float, torch.Tensor]:
         loss.backward()
         opt.step()
     return loss.item(), model[2].bias.detach()
+
+
+def counter_delta(before: dict, *names: str) -> dict:
+    """How much each of ``names`` in ``mncore.metrics.counters()`` grew since ``before``."""
+    now = mncore.metrics.counters()
+    return {n: now[n] - before[n] for n in names}
+
+
+def capture_warning_messages(rec: list) -> list[str]:
+    """The messages of the ``CaptureWarning``s among recorded warnings (step capture tests)."""
+    return [str(w.message) for w in rec if issubclass(w.category, mncore.CaptureWarning)]

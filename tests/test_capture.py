@@ -20,31 +20,21 @@ import torch
 import torch.nn.functional as F
 
 import mncore
+from tests.helpers import capture_warning_messages as _capture_warnings
+from tests.helpers import counter_delta as _delta
 import model_zoo
 from mncore.capture import Captured
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_capture_check")]
 
 NEW_KEY_REASON = "a new call key (argument shapes, values, modes or module state)"  # metrics reason
 
 
-@pytest.fixture(autouse=True)
-def _default_check_every(monkeypatch):
-    """Tests count replays: an inherited MNCORE_CAPTURE_CHECK must not add re-validations."""
-    monkeypatch.delenv("MNCORE_CAPTURE_CHECK", raising=False)
-    yield
 
 
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-def _counters() -> dict:
-    return mncore.metrics.counters()
-
-
-def _delta(before: dict, *names: str) -> dict:
-    now = _counters()
-    return {n: now[n] - before[n] for n in names}
 
 
 def _new_reasons(before: dict) -> dict:
@@ -53,8 +43,6 @@ def _new_reasons(before: dict) -> dict:
     return {why: n - before.get(why, 0) for why, n in now.items() if n > before.get(why, 0)}
 
 
-def _capture_warnings(rec: list) -> list[str]:
-    return [str(w.message) for w in rec if issubclass(w.category, mncore.CaptureWarning)]
 
 
 def _line(marker: str) -> str:
@@ -167,7 +155,7 @@ def test_seed_mlp_sgd_momentum_20_steps_replays_bit_identical_to_lazy():
     model = _seed_mlp()
     batches = _mlp_batches(512, 20)
     sgd = lambda p, dev: torch.optim.SGD(p, lr=0.1, momentum=0.9)  # noqa: E731
-    before, reasons = _counters(), mncore.metrics.capture_retraces()
+    before, reasons = mncore.metrics.counters(), mncore.metrics.capture_retraces()
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         cap = _train(model, batches, "capture", sgd)
@@ -193,7 +181,7 @@ def test_resnet18_tiny_train_mode_replays_update_batchnorm_running_stats():
     batches = [spec.make_batch("tiny", seed=i) for i in range(6)]
     make = lambda p, dev: spec.optimizer(p)  # noqa: E731  (SGD lr 0.01, momentum 0.9)
     loss = spec.loss
-    before = _counters()
+    before = mncore.metrics.counters()
     cap = _train(model, batches, "capture", make, loss)
     d = _delta(before, "captures", "replays")
     assert d["captures"] == 3 and d["replays"] == 3
@@ -234,7 +222,7 @@ def test_gpt2_tiny_adamw_capturable_with_dropout_replays_like_retrace():
     spec = model_zoo.get("gpt2_small")
     model = _gpt2_tiny(0.1)
     batches = _gpt2_batches(6)
-    before = _counters()
+    before = mncore.metrics.counters()
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         a = _train(model, batches, "capture", _adamw(True), spec.loss, seed=123)
@@ -262,12 +250,12 @@ def test_gpt2_tiny_replays_draw_fresh_dropout_numbers_each_call():
 
         fn = mncore.capture(loss_of) if captured else loss_of
         torch.manual_seed(7)
-        before = _counters()["replays"]
+        before = mncore.metrics.counters()["replays"]
         out = []
         for _ in range(5):
             out.append(fn(batch))
             mncore.sync()
-        return [l.cpu() for l in out], _counters()["replays"] - before
+        return [l.cpu() for l in out], mncore.metrics.counters()["replays"] - before
 
     cap, replays = losses(True)
     assert replays == 3  # calls 1 and 2 record and agree; 3, 4, 5 replay
@@ -286,9 +274,9 @@ def test_gpt2_tiny_without_dropout_captured_matches_eager():
     spec = model_zoo.get("gpt2_small")
     model = _gpt2_tiny(0.0)
     batches = _gpt2_batches(5)
-    before = _counters()["replays"]
+    before = mncore.metrics.counters()["replays"]
     cap = _train(model, batches, "capture", _adamw(True), spec.loss)
-    assert _counters()["replays"] - before == 2
+    assert mncore.metrics.counters()["replays"] - before == 2
     eager = _train(model, batches, "eager", _adamw(False), spec.loss)
     # Eager CPU AdamW runs the for-loop form, mncore's the foreach/capturable one: the same update in a
     # different operation order, so parameters agree to a few float32 ulps of the update (test_training).
@@ -330,7 +318,7 @@ def test_gradient_accumulation_outside_optimizer_step(set_to_none: bool):
             mncore.sync()
         return Run([_to_cpu(l) for l in losses], _to_cpu(model.state_dict()), _opt_state(opt)), grads
 
-    before = _counters()
+    before = mncore.metrics.counters()
     cap, cap_grads = run("capture")
     d = _delta(before, "captures", "replays")
     if set_to_none:
@@ -368,7 +356,7 @@ def test_tensor_learning_rate_driven_by_scheduler_outside_is_followed_by_replays
         "lambda": lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s)),
         "step": lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.3),
     }[sched]
-    before, reasons = _counters(), mncore.metrics.capture_retraces()
+    before, reasons = mncore.metrics.counters(), mncore.metrics.capture_retraces()
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         cap = _train(model, batches, "capture", make_opt, make_sched=make_sched)
@@ -402,9 +390,9 @@ def test_changing_batch_shape_gets_a_second_entry_and_both_replay():
         step = mncore.capture(fn)
 
         def call(b):
-            before = _counters()["replays"]
+            before = mncore.metrics.counters()["replays"]
             out = step(b)
-            replayed.append(_counters()["replays"] == before + 1)
+            replayed.append(mncore.metrics.counters()["replays"] == before + 1)
             return out
         call.captured = step
         return call
@@ -432,12 +420,12 @@ def test_plain_argument_values_are_part_of_the_key():
         with torch.no_grad():
             return dev_model(inp) * scale + shift
 
-    before = _counters()["replays"]
+    before = mncore.metrics.counters()["replays"]
     outs = []
     for i in range(12):
         scale, shift = (0.5, 0.0) if i % 2 == 0 else (2.0, 1.0)
         outs.append((scale, shift, scaled(xd, scale, shift=shift)))
-    assert _counters()["replays"] - before == 8  # two keys, each recorded twice
+    assert mncore.metrics.counters()["replays"] - before == 8  # two keys, each recorded twice
     with torch.no_grad():
         for scale, shift, out in outs:
             lazy = dev_model(xd) * scale + shift
@@ -540,7 +528,7 @@ def test_refused_step_warns_once_and_keeps_right_numbers(case: str):
         assert phrase in msgs[0], (phrase, msgs[0])
     if marker is not None:
         assert _line(marker) in msgs[0], msgs[0]
-    assert _counters()["replays"] == 0  # refused: every call traced
+    assert mncore.metrics.counters()["replays"] == 0  # refused: every call traced
     lazy, lazy_log = _refusal_run(case, "lazy", base, batches)
     _assert_identical(cap, lazy)
     assert cap_log == lazy_log
@@ -572,13 +560,13 @@ def test_refusal_is_reported_in_metrics():
         _refusal_run("host_upload_changes", "capture", base, _mlp_batches(12, 5, batch=8))
     reasons = mncore.metrics.capture_retraces()
     assert any("made anew on every call" in why for why in reasons)
-    assert _counters()["capture_retraces"] == sum(reasons.values())
+    assert mncore.metrics.counters()["capture_retraces"] == sum(reasons.values())
     text = mncore.metrics.report()
     assert "capture retraces" in text and "made anew on every call" in text
     assert re.search(r"captures\s+\d+", text) and re.search(r"replays\s+0\b", text)
     mncore.metrics.reset()
     assert mncore.metrics.capture_retraces() == {}
-    assert _counters()["captures"] == 0 and _counters()["replays"] == 0
+    assert mncore.metrics.counters()["captures"] == 0 and mncore.metrics.counters()["replays"] == 0
 
 
 # ---------------------------------------------------------------------------------------------- 8. modes
@@ -604,10 +592,10 @@ def test_eval_mode_between_calls_does_not_replay_the_train_graph():
         xd = x.mncore()
         for phase in phases:
             model.train(phase == "train")
-            before = _counters()["replays"]
+            before = mncore.metrics.counters()["replays"]
             outs.append(fn(xd))
             mncore.sync()
-            replayed.append(_counters()["replays"] == before + 1)
+            replayed.append(mncore.metrics.counters()["replays"] == before + 1)
             stats.append((_to_cpu(model[1].running_mean), _to_cpu(model[1].running_var)))
         return [o.cpu() for o in outs], stats, replayed
 
@@ -666,19 +654,19 @@ def test_no_grad_calls_get_their_own_entry():
             if mode == "lazy":
                 mncore.sync()
             params = [_to_cpu(p) for p in model.parameters()]
-            before = _counters()["replays"]
+            before = mncore.metrics.counters()["replays"]
             with torch.no_grad():
                 val_losses.append(fn(vx, vy))
             if mode != "eager":
                 mncore.sync()
-            val_replays += _counters()["replays"] - before
+            val_replays += mncore.metrics.counters()["replays"] - before
             unchanged &= all(torch.equal(p, _to_cpu(q)) for p, q in zip(params, model.parameters()))
         if mode != "eager":
             mncore.sync()
         run = Run([_to_cpu(l) for l in train_losses + val_losses], _to_cpu(model.state_dict()), _opt_state(opt))
         return run, val_replays, unchanged
 
-    before = _counters()
+    before = mncore.metrics.counters()
     cap, val_replays, unchanged = run("capture")
     d = _delta(before, "captures", "replays")
     assert unchanged  # a no_grad call never replays the training graph
@@ -723,7 +711,7 @@ def test_exception_while_recording_leaves_nothing_half_captured(where: str):
         fn = mncore.capture(step) if mode == "capture" else step
         losses, replayed = [], []
         for i, b in enumerate(batches):
-            before = _counters()["replays"]
+            before = mncore.metrics.counters()["replays"]
             try:
                 losses.append(fn(b["x"].to(dev), b["y"].to(dev)))
             except RuntimeError as e:
@@ -734,10 +722,10 @@ def test_exception_while_recording_leaves_nothing_half_captured(where: str):
                     assert probe.tolist() == [2.0, 2.0, 2.0]
             if dev == "mncore":
                 mncore.sync()
-            replayed.append(_counters()["replays"] == before + 1)
+            replayed.append(mncore.metrics.counters()["replays"] == before + 1)
         return Run([_to_cpu(l) for l in losses], _to_cpu(model.state_dict()), _opt_state(opt)), replayed
 
-    before = _counters()
+    before = mncore.metrics.counters()
     cap, replayed = run("capture")
     d = _delta(before, "captures", "replays")
     if where == "after_backward":
@@ -780,12 +768,12 @@ def test_outputs_and_grads_read_after_replays_are_right():
         fn = mncore.capture(step) if mode == "capture" else step
         outs, grads, held, replayed = [], [], [], []
         for i, b in enumerate(batches):
-            before = _counters()["replays"]
+            before = mncore.metrics.counters()["replays"]
             x = b["x"].to(dev)
             out = fn(x, b["y"].to(dev))
             if mode == "lazy":
                 mncore.sync()
-            replayed.append(_counters()["replays"] == before + 1)
+            replayed.append(mncore.metrics.counters()["replays"] == before + 1)
             assert set(out) == {"loss", "pair", "n"} and isinstance(out["pair"], tuple) and out["n"] == 7
             assert out["pair"][1] is x  # an argument returned is the argument itself
             if replayed[-1]:
@@ -834,15 +822,15 @@ def test_live_buffers_stay_flat_over_500_replays():
         step(x, y)
     mncore.wait_device_ops()
     gc.collect()  # garbage left by earlier tests in this process; the loop itself needs no collection
-    warm = _counters()["live_buffers"]
-    before = _counters()["replays"]
+    warm = mncore.metrics.counters()["live_buffers"]
+    before = mncore.metrics.counters()["replays"]
     seen = set()
     for i in range(500):
         step(x, y)
         if i % 50 == 49:
             mncore.wait_device_ops()
-            seen.add(_counters()["live_buffers"])
-    assert _counters()["replays"] - before == 500
+            seen.add(mncore.metrics.counters()["live_buffers"])
+    assert mncore.metrics.counters()["replays"] - before == 500
     assert seen == {warm}
     # and the 500 replays trained the model: same as 505 lazy steps from the same start
     torch.manual_seed(0)
@@ -888,11 +876,11 @@ def test_periodic_revalidation_catches_a_hidden_python_number(how: str, monkeypa
         for call in range(1, 13):
             if call == 4:
                 SCALE = 2.5  # capture cannot see this: calls 4 and 5 replay; call 6 re-validates
-            before = _counters()["replays"]
+            before = mncore.metrics.counters()["replays"]
             n_warn = len(_capture_warnings(rec))
             outs.append(fn(xd).cpu())
             scales.append(SCALE)
-            replayed.append(_counters()["replays"] == before + 1)
+            replayed.append(mncore.metrics.counters()["replays"] == before + 1)
             if len(_capture_warnings(rec)) > n_warn:
                 warned_at.append(call)
     msgs = _capture_warnings(rec)
@@ -926,7 +914,7 @@ def test_sync_inside_the_captured_function_is_deferred_and_right():
         mncore.sync()  # the user's habit: a sync per step, here in the middle of it
         return loss
 
-    before = _counters()
+    before = mncore.metrics.counters()
     graphs = []
 
     def counting(fn):
@@ -934,10 +922,10 @@ def test_sync_inside_the_captured_function_is_deferred_and_right():
 
         def call(b):
             mncore.wait_device_ops()
-            n = _counters()["graphs_executed"]
+            n = mncore.metrics.counters()["graphs_executed"]
             out = step(b)
             mncore.wait_device_ops()
-            graphs.append(_counters()["graphs_executed"] - n)
+            graphs.append(mncore.metrics.counters()["graphs_executed"] - n)
             return out
         return call
 
@@ -970,8 +958,8 @@ def test_capture_forms_and_bad_arguments():
     with pytest.raises(ValueError):
         mncore.capture(f, check_every=-1)
     x = torch.arange(4.0)
-    before = _counters()["replays"]
+    before = mncore.metrics.counters()["replays"]
     outs = [wrapped(x.mncore()) for _ in range(4)]
-    assert _counters()["replays"] - before == 2
+    assert mncore.metrics.counters()["replays"] - before == 2
     for o in outs:
         torch.testing.assert_close(o.cpu(), x * 2)

@@ -18,31 +18,19 @@ import torch
 import torch.nn.functional as F
 
 import mncore
+from tests.helpers import capture_warning_messages as _capture_warnings
+from tests.helpers import counter_delta as _delta
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_capture_check")]
 
 
-@pytest.fixture(autouse=True)
-def _default_check_every(monkeypatch):
-    """Tests count replays: an inherited MNCORE_CAPTURE_CHECK must not add re-validations."""
-    monkeypatch.delenv("MNCORE_CAPTURE_CHECK", raising=False)
-    yield
 
 
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-def _counters() -> dict:
-    return mncore.metrics.counters()
 
 
-def _delta(before: dict, *names: str) -> dict:
-    now = _counters()
-    return {n: now[n] - before[n] for n in names}
-
-
-def _capture_warnings(rec: list) -> list[str]:
-    return [str(w.message) for w in rec if issubclass(w.category, mncore.CaptureWarning)]
 
 
 def _cpu(x: Any) -> Any:
@@ -57,9 +45,9 @@ def _cpu(x: Any) -> Any:
 
 def _call(fn: Callable, *args: Any, **kwargs: Any) -> tuple[Any, bool]:
     """``fn(*args, **kwargs)`` and whether that call was a replay."""
-    before = _counters()["replays"]
+    before = mncore.metrics.counters()["replays"]
     out = fn(*args, **kwargs)
-    return out, _counters()["replays"] == before + 1
+    return out, mncore.metrics.counters()["replays"] == before + 1
 
 
 def _equal_lists(a: list, b: list) -> None:
@@ -356,7 +344,7 @@ def test_host_tensor_made_inside_the_step_is_refused_even_after_equal_warm_up_ca
     cf = mncore.capture(f)
     warm = torch.full((4,), 255, dtype=torch.uint8)
     imgs = [warm, warm] + [torch.full((4,), v, dtype=torch.uint8) for v in (0, 51, 102, 153)]
-    before = _counters()
+    before = mncore.metrics.counters()
     with _Warns() as w:
         got = [_cpu(cf(img)) for img in imgs]
     d = _delta(before, "replays", "captures")
@@ -577,7 +565,7 @@ def test_captured_forward_returning_a_loss_with_a_graph_keeps_backward_working()
             losses.append(_cpu(loss))
         return losses, [_cpu(p) for p in model.parameters()]
 
-    before = _counters()
+    before = mncore.metrics.counters()
     with _Warns() as w:
         cap = run(True)
     d = _delta(before, "replays")
@@ -623,7 +611,7 @@ def test_step_that_sets_the_rng_state_is_refused(how: str):
             mncore.sync()
         return outs
 
-    before = _counters()
+    before = mncore.metrics.counters()
     with _Warns() as w:
         cap = run(mncore.capture(f))
     d = _delta(before, "replays")
@@ -769,7 +757,7 @@ def test_step_returning_an_object_capture_cannot_rebuild_is_refused():
             return Out(m(x).sum())
 
     batches = [torch.ones(3, 4).mncore()] * 2 + [torch.randn(3, 4).mncore() for _ in range(3)]
-    before = _counters()
+    before = mncore.metrics.counters()
     with _Warns() as w:
         cf = mncore.capture(predict)
         outs = [cf(b) for b in batches]
@@ -833,7 +821,7 @@ def test_plain_mlp_step_has_only_the_keys_its_state_warrants(train: bool):
         mncore.sync()
         return [_cpu(l) for l in losses], [_cpu(p) for p in model.parameters()], fn
 
-    before = _counters()
+    before = mncore.metrics.counters()
     with _Warns() as w:
         cap = run(True)
     d = _delta(before, "replays", "captures")
@@ -890,7 +878,7 @@ def test_sync_then_item_in_a_step_under_implicit_sync_error():
     xs = [torch.full((2, 3), float(i)).mncore() for i in range(4)]
     lazy = [step(x) for x in xs]
     cf = mncore.capture(step)
-    before = _counters()
+    before = mncore.metrics.counters()
     with _Warns() as w:
         got = [cf(x) for x in xs]
     d = _delta(before, "replays")
@@ -981,7 +969,7 @@ def test_a_python_number_that_changes_every_call_warns_once():
         return x * k[0]
 
     cf = mncore.capture(f, check_every=5)
-    before = _counters()
+    before = mncore.metrics.counters()
     with _Warns() as w:
         outs = []
         for i in range(40):
@@ -1041,7 +1029,7 @@ def test_host_argument_modified_in_place_before_its_upload_is_refused():
         return xc.to("mncore") + 1
 
     cf = mncore.capture(f)
-    before = _counters()
+    before = mncore.metrics.counters()
     got, args = [], []
     with _Warns() as w:
         for i in range(5):
