@@ -1048,3 +1048,38 @@ def test_host_argument_modified_in_place_before_its_upload_is_refused():
     msgs = w.capture
     assert len(msgs) == 1, msgs
     assert "host tensor" in msgs[0] and "modified" in msgs[0], msgs[0]
+
+
+# ---------------------------------------------------------------------------------------------- 22. churning keys
+
+
+@dataclass
+class _ObjectBatch:
+    x: torch.Tensor
+
+
+def test_an_object_argument_made_anew_each_call_warns_once_that_keys_churn():
+    """46_dataclass_batch: a dataclass (not a pytree node) is keyed by identity, so each call is a new key;
+    once the cache has turned over, one warning names the argument and the fix."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2).mncore()
+
+    def predict(b: _ObjectBatch) -> torch.Tensor:
+        with torch.no_grad():
+            return model(b.x)
+
+    cp = mncore.capture(predict, max_entries=4)
+    xs = [torch.randn(3, 4) for _ in range(12)]
+    before = mncore.metrics.counters()
+    keep = []  # the batches stay alive, so no identity is reused
+    with _Warns() as w:
+        got = []
+        for x in xs:
+            keep.append(_ObjectBatch(x.mncore()))
+            got.append(_cpu(cp(keep[-1])))
+    want = [_cpu(predict(_ObjectBatch(x.mncore()))) for x in xs]
+    _equal_lists(got, want)
+    assert _delta(before, "replays")["replays"] == 0
+    msgs = w.capture
+    assert len(msgs) == 1, msgs
+    assert "_ObjectBatch object, keyed by identity" in msgs[0] and "pytree" in msgs[0], msgs[0]

@@ -64,6 +64,7 @@ class Captured:
         self.entries: OrderedDict[tuple, _Entry] = OrderedDict()
         self.world = World()
         self._warned: set[str] = set()
+        self._evicted = 0
         functools.update_wrapper(self, fn, updated=())  # the name and docs, not the function's attributes
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
@@ -80,9 +81,14 @@ class Captured:
                _aliases(leaves), roots, self.world.key())
         entry = self.entries.get(key)
         if entry is None:
+            previous = next(reversed(self.entries), None)
             entry = self.entries[key] = _Entry()
             while len(self.entries) > self.max_entries:
                 self.entries.popitem(last=False)
+                self._evicted += 1
+                if self._evicted == self.max_entries:  # keys churn: say what keeps changing, once
+                    self._refuse(entry, f"every call has a new key ({_key_change(previous, key)}), so none "
+                                        "is seen twice")
             if len(self.entries) > 1:
                 metrics.count_retrace("a new call key (argument shapes, values, modes or module state)")
         else:
@@ -167,6 +173,29 @@ def _arg_key(x: Any) -> tuple:
     if isinstance(x, (str, numbers.Number)) or x is None:
         return type(x), repr(x)
     return "object", type(x), id(x)
+
+
+_KEY_PARTS = ("the device", "the device", "the precision policy", "the structure of the arguments", None,
+              "which arguments alias each other", "the modules, optimizers or tensors the step uses by name",
+              "grad mode, autocast, a module's training flag or a parameter's requires_grad or .grad")
+
+
+def _key_change(old: tuple | None, new: tuple) -> str:
+    """What differs between two call keys, in words (for the warning when keys keep changing)."""
+    if old is None:
+        return "unknown change"
+    for part, a, b in zip(_KEY_PARTS, old, new):
+        if a == b:
+            continue
+        if part is not None:
+            return f"{part} changed"
+        i = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        if b[i][0] == "object":
+            return (f"argument {i} is a {b[i][1].__name__} object, keyed by identity, and a new one is passed "
+                    "each call; pass its tensors in a dict, tuple or list, or register the class with "
+                    "torch.utils._pytree")
+        return f"argument {i} changed ({a[i]!r}, then {b[i]!r})"
+    return "unknown change"
 
 
 def _aliases(leaves: list) -> tuple[int, ...]:
