@@ -9,7 +9,7 @@ the step's old buffers alive).
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -44,7 +44,6 @@ class Plan:
     outputs: list[tuple]
     out_spec: Any
     hyperparameters: tuple
-    hosts: list[weakref.ref] = field(default_factory=list)
     problem: tuple[str, Site | None] | None = None
     program: Any = None  # replay's faster form of the bindings and effects, made at the first replay
 
@@ -125,8 +124,8 @@ class _Call:
                         self.entry.setdefault(id(x.mn_storage.value[0]), i)
                 else:
                     self.versions[id(x)] = x._version
-        self.host_versions = ({id(t): t._version for t in (w() for w in previous.hosts) if t is not None}
-                              if previous else {})
+        hosts = [b[1]() for b in previous.bindings if b[0] == "host"] if previous else []
+        self.host_versions = {id(t): t._version for t in hosts if t is not None}  # read again in this call
 
 
 def _plan(done: Submitted | None, rec: Recording, call: _Call, out_storages: set, world: World,
@@ -171,7 +170,6 @@ def _plan(done: Submitted | None, rec: Recording, call: _Call, out_storages: set
                    "function, or return detached values", None)
     uploads = {id(leaf): (t, v, site) for leaf, t, v, site in rec.uploads}
     bindings: list[tuple] = []
-    hosts: list[weakref.ref] = []
     for leaf in done.graph.leaves:
         if id(leaf) in call.entry:
             bindings.append(("arg", call.entry[id(leaf)]))
@@ -185,7 +183,6 @@ def _plan(done: Submitted | None, rec: Recording, call: _Call, out_storages: set
             if i is not None and leaves[i] is t:
                 bindings.append(("upload", i))
                 continue
-            hosts.append(weakref.ref(t))
             value = t.detach().clone() if t.numel() <= 1 else None  # a scalar may turn out to be a constant
             bindings.append(("host", weakref.ref(t), value, site, leaf, describe_host(t)))
         elif id(leaf) in written:
@@ -209,7 +206,7 @@ def _plan(done: Submitted | None, rec: Recording, call: _Call, out_storages: set
         sites += [(name, n.frame) for ref in n.inputs if isinstance(ref, Scalar)]
     resolved = [("ref", (index[(id(o[1][0]), o[1][1])], o[2])) if o[0] == "ref" else o for o in outputs]
     return Plan(done.exe, device, bindings, scalars, sites, tuple(ops), len(rec.seeds),
-                [leaf.meta for leaf in done.outs], effects, resolved, out_spec, hyper, hosts, problem)
+                [leaf.meta for leaf in done.outs], effects, resolved, out_spec, hyper, problem)
 
 
 def holder_tensor(holder: tuple, leaves: list) -> Any:

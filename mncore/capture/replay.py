@@ -20,7 +20,7 @@ from mncore.observe import metrics, timeline
 from mncore.trace import rng
 from mncore.trace.record import new_tensor, upload
 from mncore.trace.state import tracer
-from mncore.trace.sync import cut, mark_host_end
+from mncore.trace.sync import cut, mark_host_end, store
 from mncore.trace.tensor import LazyTensor, Storage
 
 
@@ -34,12 +34,14 @@ class Program:
     ``others`` the effects that need :func:`_targets`."""
 
     def __init__(self, plan: Plan):
-        self.reads = [b[1][0] if b[0] == "storages" and len(b[1]) == 1 else None for b in plan.bindings]
-        self.writes = [(e[1][1][0], e[2]) for e in plan.effects
-                       if e[0] == "write" and e[1][0] == "storages" and len(e[1][1]) == 1]
-        self.others = [e for e in plan.effects
-                       if not (e[0] == "write" and e[1][0] == "storages" and len(e[1][1]) == 1)]
+        self.reads = [b[1][0] if _one_storage(b) else None for b in plan.bindings]
+        self.writes = [(e[1][1][0], e[2]) for e in plan.effects if e[0] == "write" and _one_storage(e[1])]
+        self.others = [e for e in plan.effects if not (e[0] == "write" and _one_storage(e[1]))]
         self.seeded = [i for i, v in enumerate(plan.scalars) if type(v) is tuple]
+
+
+def _one_storage(target: tuple) -> bool:
+    return target[0] == "storages" and len(target[1]) == 1
 
 
 def replay(plan: Plan, leaves: list) -> Any:
@@ -84,20 +86,20 @@ def replay(plan: Plan, leaves: list) -> Any:
                 leaf.graph = name
                 outs.append(leaf)
             for s, j in writes:
-                _store(s, outs[j])
+                store(s, outs[j])
             dropped = []  # .grad tensors replaced: freed by the worker after the run
             for (kind, _, j), found in others:
                 if kind == "grad_new":
                     param, (_, meta, chain) = found
                     old = param.grad
                     if _unshared(old, meta, chain):  # nobody else can see it: reuse it, cheaper than a new one
-                        _store(old.mn_storage, outs[j])
+                        store(old.mn_storage, outs[j])
                     else:
                         dropped.append(old)
                         param.grad = LazyTensor(meta, Storage((outs[j], 0), outs[j].meta), chain)
                 else:
                     for st in found:
-                        _store(st, outs[j])
+                        store(st, outs[j])
             t_submit = timeline.now()
             waited = executor.submit(Job(exe=plan.exe, leaves=inputs, scalars=scalars, outs=outs, release=dropped))
             if waited:  # the wait for the worker is not the host's work: two spans around it
@@ -125,17 +127,6 @@ def _unshared(t: Any, meta: Any, chain: tuple) -> bool:
     the storage, the tensor and getrefcount's."""
     return (type(t) is LazyTensor and t.mn_meta == meta and t.mn_chain == chain and sys.getrefcount(t) == 4
             and sys.getrefcount(t.mn_storage) == 2)
-
-
-def _store(s: Storage, leaf: Data) -> None:
-    """``s`` takes the new value; if the graph fails, readers fall back to the old one."""
-    old = s.value[0]
-    if type(old) is Data and leaf.fallback is None:
-        leaf.fallback = old
-    s.value = (leaf, 0)
-    s.version += 1
-    s.committed = None
-    leaf.own(s)
 
 
 def _resolve(b: tuple, leaves: list) -> Data:

@@ -142,16 +142,23 @@ def _submit(storages: list, extra: tuple) -> tuple[Submitted, float]:
         groups.append(group)
         for s in group:
             before[id(s)] = s.committed[0] if s.committed is not None else None
-            if s.committed is not None:
-                leaf.fallback = leaf.fallback or s.committed[0]
-                s.committed = None
-            s.value = (leaf, 0)
-            s.version += 1
-            leaf.own(s)
+            store(s, leaf)
     t0 = timeline.now()
     waited = executor.submit(Job(exe=exe, leaves=g.leaves, scalars=[s.value for s in g.scalars], outs=out_leaves))
     metrics.add("submit_s", timeline.now() - t0 - waited)
     return Submitted(exe, g, [refs[k] for k in keys], groups, out_leaves, before), waited
+
+
+def store(s: Storage, leaf: Data) -> None:
+    """``s`` now holds ``leaf``, the output of a job being submitted; if that job fails, readers fall
+    back to the device value ``s`` held before (its committed one, when a write left it pending)."""
+    old = s.committed[0] if s.committed is not None else s.value[0]
+    if type(old) is Data and leaf.fallback is None:
+        leaf.fallback = old
+    s.committed = None
+    s.value = (leaf, 0)
+    s.version += 1
+    leaf.own(s)
 
 
 def mark_host_end(t: float) -> None:
