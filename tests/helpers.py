@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -70,3 +70,15 @@ def counter_delta(before: dict, *names: str) -> dict:
 def capture_warning_messages(rec: list) -> list[str]:
     """The messages of the ``CaptureWarning``s among recorded warnings (step capture tests)."""
     return [str(w.message) for w in rec if issubclass(w.category, mncore.CaptureWarning)]
+
+
+def cpu_copy(x: Any) -> Any:
+    """Tensors in ``x`` (nested in dicts, lists, tuples) copied to the CPU: a record that a tensor changed
+    in place later cannot change."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("cpu", copy=True)
+    if isinstance(x, dict):
+        return {k: cpu_copy(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(cpu_copy(v) for v in x)
+    return x

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 import mncore
 from tests.helpers import capture_warning_messages as _capture_warnings
 from tests.helpers import counter_delta as _delta
+from tests.helpers import cpu_copy as _to_cpu
 import model_zoo
 from mncore.capture import Captured
 
@@ -68,14 +69,6 @@ def _seed_mlp(width: int = 512, classes: int = 10) -> torch.nn.Sequential:
     return torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, classes))
 
 
-def _to_cpu(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):  # a copy: a CPU tensor changed in place later must not change the record
-        return x.detach().to("cpu", copy=True)
-    if isinstance(x, dict):
-        return {k: _to_cpu(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return type(x)(_to_cpu(v) for v in x)
-    return x
 
 
 def _opt_state(opt: torch.optim.Optimizer) -> dict:

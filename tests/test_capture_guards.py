@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import mncore
 from tests.helpers import capture_warning_messages as _capture_warnings
 from tests.helpers import counter_delta as _delta
+from tests.helpers import cpu_copy as _cpu
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_capture_check")]
 
@@ -33,14 +34,6 @@ pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_capture_check")]
 
 
 
-def _cpu(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):  # a copy: a tensor changed in place later must not change the record
-        return x.detach().to("cpu", copy=True)
-    if isinstance(x, dict):
-        return {k: _cpu(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return type(x)(_cpu(v) for v in x)
-    return x
 
 
 def _call(fn: Callable, *args: Any, **kwargs: Any) -> tuple[Any, bool]:
@@ -48,6 +41,13 @@ def _call(fn: Callable, *args: Any, **kwargs: Any) -> tuple[Any, bool]:
     before = mncore.metrics.counters()["replays"]
     out = fn(*args, **kwargs)
     return out, mncore.metrics.counters()["replays"] == before + 1
+
+
+def _linear_problem() -> tuple[torch.nn.Linear, torch.Tensor, torch.Tensor]:
+    """A Linear(4, 3) classifier and a batch of 6, from seed 0 (each test copies the model)."""
+    torch.manual_seed(0)
+    base = torch.nn.Linear(4, 3)
+    return base, torch.randn(6, 4), torch.randint(0, 3, (6,))
 
 
 def _equal_lists(a: list, b: list) -> None:
@@ -504,9 +504,7 @@ def test_rebinding_the_global_model_and_optimizer_records_again():
 def test_switching_the_global_optimizer_records_again():
     """07c_switch_optimizer: two existing optimizers over one model; the step reads the global."""
     global _MODEL, _OPT
-    torch.manual_seed(0)
-    base = torch.nn.Linear(4, 3)
-    x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+    base, x, y = _linear_problem()
 
     def run(captured: bool):
         global _MODEL, _OPT
@@ -541,9 +539,7 @@ def test_switching_the_global_optimizer_records_again():
 
 def test_captured_forward_returning_a_loss_with_a_graph_keeps_backward_working():
     """22_forward_only_capture: backward and optimizer step outside the captured forward."""
-    torch.manual_seed(0)
-    base = torch.nn.Linear(4, 3)
-    x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+    base, x, y = _linear_problem()
 
     def run(captured: bool):
         model = copy.deepcopy(base).mncore()
@@ -693,9 +689,7 @@ def test_autocast_dtype_is_part_of_the_key():
 
 def test_optimizer_hyperparameters_in_tuples_are_guarded():
     """20_betas_guard: Adam's betas changed between calls (what OneCycleLR's cycle_momentum does)."""
-    torch.manual_seed(0)
-    base = torch.nn.Linear(4, 3)
-    x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+    base, x, y = _linear_problem()
 
     def run(captured: bool):
         model = copy.deepcopy(base).mncore()
