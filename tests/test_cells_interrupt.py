@@ -58,11 +58,14 @@ def _fake_children(tmp_path: Path, monkeypatch) -> Path:
 def test_signal_kills_children_and_finalizes_what_finished(tmp_path, monkeypatch, capsys, sig):
     pidfile = _fake_children(tmp_path, monkeypatch)
 
+    def written() -> bool:  # the file exists before the child's pid is in it
+        return pidfile.exists() and bool(pidfile.read_text().strip())
+
     def stop_when_the_second_cell_runs() -> None:
         deadline = time.monotonic() + WAIT_S
-        while not pidfile.exists() and time.monotonic() < deadline:
+        while not written() and time.monotonic() < deadline:
             time.sleep(0.05)
-        if pidfile.exists():  # else the run ended on its own and the asserts below say how
+        if written():  # else the run ended on its own and the asserts below say how
             os.kill(os.getpid(), sig)
 
     out = tmp_path / "r"
