@@ -200,6 +200,49 @@ _SPECIAL = {
 }
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense (a permutation of a contiguous layout): eager's preserve_format keeps
+    such strides on a copy to another device."""
+    expected = 1
+    for size, stride in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n != 1), key=lambda p: p[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def upload_kernel(src: torch.Tensor, *, dtype: Any = None, layout: Any = None, device: Any = None,
+                  pin_memory: Any = None, non_blocking: bool = False, memory_format: Any = None) -> Any:
+    """``host_tensor.to('mncore')`` (``aten._to_copy`` dispatches on the target device's key): one upload.
+
+    Without this kernel, ATen's composite ``_to_copy`` traces an ``empty`` factory and then a ``copy_``
+    into it, two trips from C++ into Python per uploaded tensor. A conversion on the way (another dtype
+    or memory format) or a non-dense source still takes that route: it has the eager semantics of strides.
+    """
+    if isinstance(src, LazyTensor):  # Python key excluded (e.g. inside torch.tensor): the traced _to_copy
+        kw = {k: v for k, v in (("dtype", dtype), ("layout", layout), ("device", device),
+                                ("memory_format", memory_format)) if v is not None}
+        return LazyTensor.__torch_dispatch__(aten._to_copy.default, (), (src,), kw)
+    require_init()
+    device_arg(device)
+    if layout not in (None, torch.strided) or src.layout != torch.strided:
+        raise NotImplementedError(f"mncore: tensors on the mncore device are dense (torch.strided); got layout "
+                                  f"{layout if layout is not None else src.layout}. Convert first: x.to_dense()")
+    if src.device.type == "meta":
+        raise RuntimeError("mncore: cannot copy from a meta tensor")
+    if dtype not in (None, src.dtype) or memory_format not in (None, torch.preserve_format) or not (
+            src.is_contiguous() or _dense(src)):
+        out = torch.empty_like(src, dtype=dtype, device=DEVICE_NAME,
+                               memory_format=memory_format or torch.preserve_format)
+        return out.copy_(src)
+    t0 = perf_counter()
+    try:
+        with tracer.lock:
+            return from_host(src)
+    finally:
+        metrics.add("trace_s", perf_counter() - t0)
+
+
 def factory(func: Any):
     info = opinfo.info_for(func)
 

@@ -6,7 +6,7 @@ from typing import Any
 import torch
 
 from mncore.trace import autocast, rng
-from mncore.trace.dispatch import factory
+from mncore.trace.dispatch import factory, upload_kernel
 from mncore.trace.sync import wait_device_ops
 from mncore.trace.tensor import DEVICE_NAME, LazyTensor
 
@@ -192,6 +192,7 @@ def register() -> None:
             name += "." + op._schema.overload_name
         _lib.impl(name, factory(op), "PrivateUse1")
     _lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    _lib.impl("_to_copy", upload_kernel, "PrivateUse1")
     _lib.impl("matmul", _matmul, "AutogradPrivateUse1")
     _lib.impl("_thnn_fused_lstm_cell", _fused_lstm_cell, "AutogradPrivateUse1")
     _lib.impl("_thnn_fused_gru_cell", _fused_gru_cell, "AutogradPrivateUse1")
