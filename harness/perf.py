@@ -365,14 +365,48 @@ def measure_context(spec: Any, config: str, backend: Backend, *, execution: str 
     return res
 
 
+def measure_peer(spec: Any, config: str, *, compiled: bool = False, steps: int = 5, warmup: int = 2, seed: int = 0,
+                 template: Any = None) -> dict:
+    """What a user would otherwise run, on the same machine in the same report: the step in eager PyTorch
+    on the CPU, or with the model under ``torch.compile`` (inductor, CPU). These steps are synchronous (each
+    returns when its work is done), so a step's time is the interval between two returns: measured wall
+    time. ``warmup_compile_s`` is the warm-up's wall time, where torch.compile compiles."""
+    import torch
+
+    import model_zoo
+
+    model = _fresh(template, spec, config, seed)
+    opt = spec.optimizer(model.parameters())
+    net = torch.compile(model) if compiled else model
+    batches = _batches(spec, config, steps + warmup, seed)
+    t = time.perf_counter()
+    for i in range(warmup):
+        model_zoo.train_step(spec, net, opt, batches[i % len(batches)])
+    ends = [time.perf_counter()]
+    loss = None
+    for i in range(steps):
+        loss = model_zoo.train_step(spec, net, opt, batches[(warmup + i) % len(batches)])
+        ends.append(time.perf_counter())
+    res = spread([b - a for a, b in zip(ends, ends[1:])], "step_ms", 1e3)
+    res.update(api="compile" if compiled else "eager", intervals=steps, time_kind=MEASURED,
+               loss=_value(lambda: loss.detach()), **({"warmup_compile_s": ends[0] - t} if compiled else {}))
+    return res
+
+
 # -- cells (one model on one backend, in a child process) -------------------------------------------
 APIS = ("context", "lazy", "lazy_captured")
+PEERS = ("eager", "compile")
+# The parts of a cell that may fail without failing its row (the field that says why instead).
+OPTIONAL = {"lazy_captured": "captured_error", "compile": "compile_error"}
 
 
 def _measure(api: str) -> Any:
     """The measurement of ``api`` (looked up when called, so tests can replace the functions)."""
     if api == "context":
         return measure_context
+    if api in PEERS:
+        return lambda spec, config, backend, execution=None, **kw: measure_peer(spec, config, compiled=api == "compile",
+                                                                                 **kw)
     return measure_lazy if api == "lazy" else functools.partial(measure_lazy, capture=True)
 
 
@@ -425,12 +459,12 @@ def _error(row: PerfRow, reason: str) -> None:
 
 
 def _failed(row: PerfRow, api: str, reason: str) -> None:
-    """A compare cell's API failed: lazy or Context makes the row an error; captured lazy only says so in
-    ``captured_error`` (the row's lazy and Context figures stay shown)."""
-    if api != "lazy_captured":
+    """A cell's API failed: lazy, Context or eager makes the row an error; captured lazy and torch.compile
+    only say so in their ``OPTIONAL`` field (the row's other figures stay shown)."""
+    if api not in OPTIONAL:
         _error(row, reason)
         return
-    row.captured_error = reason
+    setattr(row, OPTIONAL[api], reason)
     row.traceback = row.traceback or traceback.format_exc()[-2000:]
 
 
@@ -444,6 +478,8 @@ def run_cell(cell: dict, artifacts: Path | None = None) -> list[PerfRow]:
     backend = Backend(cell["backend"], cell.get("sim_mode"))
     spec = model_zoo.get(cell["model"])
     steps, warmup = int(cell["steps"]), int(cell["warmup"])
+    if cell["kind"] == "peers":
+        return [_measured_row(cell, backend, spec, cell.get("apis", PEERS), MEASURED)]
     try:
         init_backend(backend, "async")
     except (ValueError, TypeError) as e:
@@ -455,20 +491,7 @@ def run_cell(cell: dict, artifacts: Path | None = None) -> list[PerfRow]:
     template = disable_dropout(spec.build(cell["config"], seed=0))
     rows = []
     if cell["kind"] == "compare":
-        row = _base_row(cell, backend)
-        row.execution = cell.get("execution", "async")
-        results = {}
-        for api in cell.get("apis", APIS):
-            try:
-                results[api] = _measure(api)(spec, cell["config"], backend, execution=row.execution, steps=steps,
-                                             warmup=warmup, template=template)
-            except Exception as e:  # noqa: BLE001 - the row records it
-                _failed(row, api, f"{api}: {type(e).__name__}: {str(e)[:400]}")
-                continue
-            setattr(row, api, Measurement.pick(results[api]))
-            setattr(row, f"{api}_time_kind", results[api]["time_kind"])
-        _check_mode(row, backend, results.values())
-        rows.append(finish_compare(row, backend))
+        rows.append(_measured_row(cell, backend, spec, cell.get("apis", APIS), None, template))
     else:
         for execution in cell.get("executions", EXECUTIONS):
             row = _base_row(cell, backend)
@@ -495,21 +518,53 @@ def run_cell(cell: dict, artifacts: Path | None = None) -> list[PerfRow]:
     return rows
 
 
-def _captured_part(half: PerfRow) -> PerfRow:
-    """The captured child's row with a failure of its own (a crash, a timeout) as ``captured_error``, so that
-    it never hides the lazy and Context figures of the cell."""
-    if half.status != "ok" and half.status != "unavailable":
-        half.captured_error = half.captured_error or f"lazy_captured: {half.status}: {half.reason}"
+def _measured_row(cell: dict, backend: Backend, spec: Any, apis: Any, kind: str | None,
+                  template: Any = None) -> PerfRow:
+    """One row with each of ``apis`` measured under its prefix (``kind``: the row's time kind when the
+    APIs do not say it, as peers, which never run on the backend)."""
+    from harness.runner import disable_dropout
+
+    row = _base_row(cell, backend)
+    row.execution = cell.get("execution", "async") if kind is None else None
+    template = template if template is not None else disable_dropout(spec.build(cell["config"], seed=0))
+    results = {}
+    for api in apis:
+        try:
+            results[api] = _measure(api)(spec, cell["config"], backend, execution=row.execution,
+                                         steps=int(cell["steps"]), warmup=int(cell["warmup"]), template=template)
+        except Exception as e:  # noqa: BLE001 - the row records it
+            _failed(row, api, f"{api}: {type(e).__name__}: {str(e)[:400]}")
+            continue
+        setattr(row, api, Measurement.pick(results[api]))
+        if kind is None:
+            setattr(row, f"{api}_time_kind", results[api]["time_kind"])
+    if kind is not None:
+        row.time_kind = kind
+        return row
+    _check_mode(row, backend, results.values())
+    return finish_compare(row, backend)
+
+
+def _optional_part(half: PerfRow, api: str) -> PerfRow:
+    """An optional API's child row (``OPTIONAL``) with a failure of its own (a crash, a timeout) in its
+    field, so that it never hides the other figures of the cell."""
+    if api in OPTIONAL and half.status != "ok" and half.status != "unavailable":
+        field = OPTIONAL[api]
+        setattr(half, field, getattr(half, field) or f"{api}: {half.status}: {half.reason}")
         half.status, half.reason = "ok", ""
     return half
 
 
-def _merge_compare(halves: list[list[PerfRow]], backend: Backend) -> PerfRow:
-    """The Context, lazy and captured parts of a compare cell (in ``APIS`` order) as one row (the first
-    failure of Context or lazy decides its status)."""
+def _apis(cell: dict) -> tuple[str, ...]:
+    return PEERS if cell["kind"] == "peers" else APIS
+
+
+def _merge_compare(halves: list[list[PerfRow]], backend: Backend, apis: tuple[str, ...] = APIS) -> PerfRow:
+    """The parts of a compare or peers cell (one child per API, in ``apis`` order) as one row (the first
+    failure of a part that is not ``OPTIONAL`` decides its status)."""
     row: dict = {}
-    for api, (half,) in zip(APIS, halves):
-        record = (_captured_part(half) if api == "lazy_captured" else half).to_json()
+    for api, (half,) in zip(apis, halves):
+        record = _optional_part(half, api).to_json()
         bad = record["status"] != "ok"
         keep = {k: v for k, v in record.items() if k not in ("status", "reason") or bad}
         if bad and row.get("status") not in (None, "ok"):
@@ -518,15 +573,16 @@ def _merge_compare(halves: list[list[PerfRow]], backend: Backend) -> PerfRow:
         row.update(keep)
     row.setdefault("status", "ok")
     row.setdefault("reason", "")
-    return finish_compare(PerfRow.from_json(row, where=f"{row['model']} on {backend.label}"), backend)
+    merged = PerfRow.from_json(row, where=f"{row['model']} on {backend.label}")
+    return merged if apis == PEERS else finish_compare(merged, backend)
 
 
 def _jobs(i: int, cell: dict, backend: Backend, out: Path) -> list[Job]:
     """The child processes of a cell: one per API for a compare cell (the first big measurement in a
     fresh process pays page faults a later one would not, which biased the ratio), else one."""
     stem = f"{i:02d}_{cell['model']}_{backend.slug}"
-    halves = [({**cell, "apis": [api]}, f"{stem}_{api}", f" ({api})") for api in APIS] \
-        if cell["kind"] == "compare" else [(cell, stem, "")]
+    halves = [({**cell, "apis": [api]}, f"{stem}_{api}", f" ({api})") for api in _apis(cell)] \
+        if cell["kind"] in ("compare", "peers") else [(cell, stem, "")]
     return [Job(f"{cell['model']} on {backend.label}{what}", "harness.perf",
                 ("--cell", json.dumps(c), "--artifacts", str(out), "--out", str(out / "cells" / f"{name}.json")),
                 out / "cells" / f"{name}.json")
@@ -555,7 +611,8 @@ def run_cells(cells: list[dict], out: Path, timeout: int = 1200, desc: str = "re
             t0 = time.monotonic()
             halves = runner.run(jobs, lambda o: child_rows(o, cell, backend),
                                 status=lambda got: ", ".join(sorted({r.status for r in got})))
-            got = [_merge_compare(halves, backend)] if cell["kind"] == "compare" else halves[0]
+            got = [_merge_compare(halves, backend, _apis(cell))] if cell["kind"] in ("compare", "peers") \
+                else halves[0]
             wall_s = round(time.monotonic() - t0, 1)
             for r in got:
                 r.cell_wall_s = wall_s

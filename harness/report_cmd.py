@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from harness.argtypes import USAGE_ERROR, UsageError, directory, non_negative_int, positive_int, width_list
+from reports.schema import PEER_BACKEND
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORTS = ("mlp-width", "async", "models")
@@ -43,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=directory, help="root directory of the reports (default reports/out; with --from: DIR)")
     p.add_argument("--from", dest="from_dir", type=directory, help="re-render from existing results under DIR; runs nothing")
     p.add_argument("--timeout", type=positive_int, default=1500, help="seconds per measured model and backend")
+    p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
+                   help="(mlp-width, models) also time each model in eager PyTorch and under torch.compile "
+                        "(inductor) on the CPU, as reference rows (default: on; --no-peers skips them)")
     p.add_argument("--publish", nargs="?", const=PUBLISHED, type=directory,
                    help="('all') also copy Markdown, PNGs, CSVs to DIR (default reports/published); only files "
                         "listed in DIR's manifest (harness-manifest.json) are replaced")
@@ -69,6 +73,9 @@ def cells(name: str, args: argparse.Namespace) -> list[dict]:
             out.append({**bb, "kind": "modes", "model": "gpt2_small", "executions": ["sync", "async_naive", "async"]})
         else:
             out += [{**bb, "kind": "compare", "execution": "async", "model": m} for m in MODELS]
+    if name != "async" and getattr(args, "peers", False):  # once per model: they do not run on a backend
+        models = [f"mlp_w{w}" for w in args.widths] if name == "mlp-width" else list(MODELS)
+        out += [{**base, "kind": "peers", "backend": PEER_BACKEND, "sim_mode": None, "model": m} for m in models]
     return out
 
 
@@ -109,13 +116,16 @@ def measure(name: str, args: argparse.Namespace, root: Path) -> Path:
 
 def render(name: str, d: Path) -> None:
     from reports import page, tables
-    from reports.results import load
+    from reports.results import load, split_peers
 
     md = page.render_report(d, name)
-    _, df = load(d)
+    _, every = load(d)
+    df, peers = split_peers(every)
     table = {"mlp-width": tables.mlp_table, "async": tables.async_table, "models": tables.models_table}[name](df)
     print(tables.to_markdown(table))
-    for note in tables.unavailable(df):
+    if len(peers):
+        print(tables.to_markdown(tables.peers_table(peers, df)))
+    for note in tables.unavailable(every):
         print(f"  not run: {note}")
     for note in tables.capture_notes(df):
         print(f"  captured lazy: {note}")

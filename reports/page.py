@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from reports import plots, reference, tables
-from reports.results import REPORTS, load, read_rows, report_dir
+from reports.results import REPORTS, load, read_rows, report_dir, split_peers
 
 Block = tuple[str, Any]
 TITLES = {"mlp-width": "MLP width sweep: lazy mode vs Context API",
@@ -24,6 +24,11 @@ CAPTURED_COLUMN = (
     "captured ms/step, captured/Context: the lazy step wrapped in `mncore.capture` (traced until two recordings "
     "agree, then replayed without running Python), timed like lazy mode after the same warm-up, and its ratio to "
     "the Context API; a timed step it did not replay is listed under the table")
+PEERS_COLUMN = (
+    "peers (backend `torch:cpu`): the same step in eager PyTorch and with the model under `torch.compile` "
+    "(inductor), both on this machine's CPU in the same run, measured wall time: what a user would otherwise "
+    "run; torch.compile warm-up s is the wall time of the warm-up steps, where it compiles; "
+    "<backend>: captured/eager is that backend's captured lazy step over the eager step")
 COLUMNS = {
     "mlp-width": [
         "Context ms/step, lazy ms/step: training-step time (forward, backward, SGD) of the Context API "
@@ -38,6 +43,7 @@ COLUMNS = {
         "lazy step is: trace-bound when trace > device, else device-bound",
         "time: `measured wall time` (pfvm: real kernels) or `modelled device time, measured host time` "
         "(mncore2 performance mode: the worker holds each graph for its modelled time)",
+        PEERS_COLUMN,
     ],
     "async": [
         "step ms: median [min–max] interval between consecutive steps' completions on the device",
@@ -58,6 +64,7 @@ COLUMNS = {
         "timed steps; in mncore dispatch (`trace_s`), graph cut (`sync_s`), compile (`compile_s`, 0 once warm) and "
         "host wait (`wait_s`: the host blocked on the worker) are the metrics counters over the window divided by "
         "the steps; warm-up compile: compile time during the warm-up steps",
+        PEERS_COLUMN,
     ],
 }
 
@@ -137,7 +144,8 @@ def provenance(meta: dict, df: pd.DataFrame) -> pd.DataFrame:
 # -- one report -------------------------------------------------------------------------------------------
 def report_blocks(name: str, d: Path, heading: str = "h2") -> list[Block]:
     """The report's tables and plots (images written into ``d``); paths relative to ``d``."""
-    meta, df = load(d)
+    meta, every = load(d)
+    df, peers = split_peers(every)
     blocks: list[Block] = [(heading, TITLES[name])]
     sub = "h3" if heading == "h2" else "h2"
     if name == "mlp-width":
@@ -181,10 +189,13 @@ def report_blocks(name: str, d: Path, heading: str = "h2") -> list[Block]:
         img = plots.models_breakdown(df, d / "models_breakdown.png")
         if img:
             blocks.append(("img", (img.name, "breakdown per step")))
+    if len(peers):
+        blocks += [(sub, "Peers: eager PyTorch and torch.compile on the same machine (CPU, measured wall time)"),
+                   ("table", tables.peers_table(peers, df))]
     captured = tables.capture_notes(df)
     if captured:
         blocks += [("p", "Captured lazy steps that did not replay every timed step:"), ("ul", captured)]
-    notes = tables.unavailable(df)
+    notes = tables.unavailable(every)
     if notes:
         blocks += [("p", "Not run:"), ("ul", notes)]
     ts = tables.targets(name, df)

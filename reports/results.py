@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from reports.schema import PerfRow
+from reports.schema import PEER_BACKEND, PerfRow
 
 REPORTS = ("mlp-width", "async", "models")
 
@@ -43,6 +43,15 @@ def load(d: Path) -> tuple[dict[str, Any], pd.DataFrame]:
     if "status" not in df:
         df["status"] = pd.Series(dtype=object)
     return read_meta(d), df
+
+
+def split_peers(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the rows of mncore's backends, the peers rows): peers (eager PyTorch, torch.compile) have tables
+    of their own."""
+    if not len(df):
+        return df, df
+    peer = df["backend"] == PEER_BACKEND
+    return df[~peer], df[peer]
 
 
 def ok(df: pd.DataFrame) -> pd.DataFrame:

@@ -273,18 +273,23 @@ class ModelRow(Row):
     """Written as ``lazy_captured_*``: lazy mode with the step wrapped in ``mncore.capture``."""
 
 
+PEER_BACKEND = "torch:cpu"
+"""The backend of peers rows: what a user would otherwise run (eager PyTorch, torch.compile), on the CPU."""
+
+
 @dataclass(kw_only=True)
 class PerfRow(Row):
     """One measured row of ``harness report``: a model on a backend, timed after warm-up steps.
 
     ``compare`` rows (mlp-width, models) hold each API's figures under ``context_``/``lazy_``/
     ``lazy_captured_`` and the lazy step's trace/device time unprefixed; ``modes`` rows (async) hold one
-    lazy run unprefixed.
+    lazy run unprefixed; peers rows (backend ``PEER_BACKEND``) hold ``eager_`` and ``compile_``.
     """
 
     STATUSES: ClassVar[tuple[str, ...]] = ("ok", "error", "unavailable", "timeout", "oom")
     FLATTENED: ClassVar[dict[str, str]] = {"window": "", "context": "context_", "lazy": "lazy_",
-                                           "lazy_captured": "lazy_captured_"}
+                                           "lazy_captured": "lazy_captured_", "eager": "eager_",
+                                           "compile": "compile_"}
 
     report: str
     """``mlp-width``, ``async`` or ``models``."""
@@ -315,6 +320,8 @@ class PerfRow(Row):
     """captured lazy step_ms / Context step_ms (compare rows with both)."""
     captured_error: str | None = None
     """Why captured lazy mode did not measure; the row's status stays that of lazy and Context."""
+    compile_error: str | None = None
+    """Peers rows: why torch.compile did not measure (e.g. no C++ compiler); eager's figures stay shown."""
     per_step: dict[str, list[float]] | None = jsonl_only()
     """Per-step step/trace/device/idle ms (modes rows)."""
     timeline_file: str | None = None
@@ -335,3 +342,7 @@ class PerfRow(Row):
     """Written as ``lazy_*``: lazy mode's measurement (compare rows)."""
     lazy_captured: Measurement = field(default_factory=Measurement)
     """Written as ``lazy_captured_*``: lazy mode with the step in ``mncore.capture`` (compare rows)."""
+    eager: Measurement = field(default_factory=Measurement)
+    """Written as ``eager_*``: the step in eager PyTorch on the CPU (peers rows, backend ``PEER_BACKEND``)."""
+    compile: Measurement = field(default_factory=Measurement)
+    """Written as ``compile_*``: the step with the model under ``torch.compile`` (inductor, CPU; peers rows)."""

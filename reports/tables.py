@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from reports import reference
-from reports.results import ok
+from reports.results import ok, split_peers
 
 MLP_W4096_TARGET = 1.05
 MLP_W64_TARGET = 3.0
@@ -138,6 +138,30 @@ def models_table(df: pd.DataFrame) -> pd.DataFrame:
                                        *CAPTURED, "seed lazy/Context", "lazy step is", "time", "steps"])
 
 
+def peers_table(peers: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
+    """Per model: eager PyTorch and torch.compile step time on the CPU, and each backend's captured lazy
+    step over the eager one (the rows of ``df`` for the same model)."""
+    good = ok(peers)
+    backends = sorted(set(ok(df)["backend"])) if len(ok(df)) else []
+    rows = []
+    for _, r in good.sort_values(["width", "model"] if "width" in good else ["model"]).iterrows() if len(good) else []:
+        row = {"model": r["model"], "batch": int(r["batch"]), "eager ms/step": with_spread(r, "eager_step_ms"),
+               "torch.compile ms/step": with_spread(r, "compile_step_ms"),
+               "torch.compile warm-up s": num(r.get("compile_warmup_compile_s")),
+               "steps": int(r["steps"])}
+        for b in backends:
+            mine = ok(df)[(ok(df)["backend"] == b) & (ok(df)["model"] == r["model"])]
+            captured = mine["lazy_captured_step_ms"].iloc[0] if len(mine) and "lazy_captured_step_ms" in mine else None
+            eager = r.get("eager_step_ms")
+            row[f"{b}: captured/eager"] = num(captured / eager if captured is not None and eager else None)
+        if isinstance(r.get("compile_error"), str):
+            row["torch.compile ms/step"] = f"not measured: {r['compile_error'][:120]}"
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["model", "batch", "eager ms/step", "torch.compile ms/step",
+                                       "torch.compile warm-up s", *[f"{b}: captured/eager" for b in backends],
+                                       "steps"])
+
+
 def capture_notes(df: pd.DataFrame) -> list[str]:
     """One note per compare row whose captured lazy step did not replay every timed step, or did not run:
     its figures are then (partly) traced steps."""
@@ -204,8 +228,8 @@ def _pipeline(r: pd.Series) -> tuple[float, float, float]:
 
 
 def targets(name: str, df: pd.DataFrame) -> list[Target]:
-    """The stated targets, judged on ratios measured in the same run."""
-    good = ok(df)
+    """The stated targets, judged on ratios measured in the same run (peers rows have none)."""
+    good = ok(split_peers(df)[0])
     out: list[Target] = []
     if name == "mlp-width":
         backends = sorted(set(good["backend"])) if len(good) else []

@@ -11,8 +11,8 @@ import mncore
 from harness import cli, perf
 from harness.results import write_results
 from reports import page, tables
-from reports.results import load
-from reports.schema import Measurement, PerfRow
+from reports.results import load, split_peers
+from reports.schema import PEER_BACKEND, Measurement, PerfRow
 
 pytestmark = pytest.mark.unit
 
@@ -244,6 +244,47 @@ def test_a_captured_child_that_dies_leaves_the_cell_ok():
     assert row.ratio == 2.0 and row.captured_ratio is None  # exact: 4.0 / 2.0
 
 
+def test_peers_row_times_the_eager_step_and_keeps_it_when_torch_compile_fails(monkeypatch):
+    """A peers cell: eager PyTorch's step on the CPU, measured wall time, with the loss eager training gives
+    after the same steps; torch.compile failing is said in ``compile_error`` and the eager figures stay."""
+    import torch
+
+    import model_zoo
+    from harness.runner import disable_dropout
+
+    def no_compiler(model, *args, **kwargs):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    cell = {"report": "mlp-width", "kind": "peers", "model": "mlp_w64", "config": "tiny",
+            "backend": PEER_BACKEND, "steps": 3, "warmup": 2}
+    (row,) = perf.run_cell(cell)
+    assert row.status == "ok" and row.time_kind == perf.MEASURED and row.backend == PEER_BACKEND
+    assert row.compile_error == "compile: RuntimeError: no C++ compiler" and row.compile.step_ms is None
+    # exact on purpose: a median of floats never leaves their [min, max]
+    assert 0 < row.eager.step_ms_min <= row.eager.step_ms <= row.eager.step_ms_max
+    spec = model_zoo.get("mlp_w64")
+    model = disable_dropout(spec.build("tiny", seed=0))
+    opt = spec.optimizer(model.parameters())
+    for batch in perf._batches(spec, "tiny", 5, 0) + perf._batches(spec, "tiny", 5, 0)[:1]:
+        loss = model_zoo.train_step(spec, model, opt, batch)
+    assert row.eager.loss == pytest.approx(float(loss.detach()), rel=1e-6)  # 5 steps over the 4 batches, cycled
+
+
+def test_peers_table_puts_each_backend_captured_step_over_eager():
+    peers = PerfRow(report="models", model="gpt2_small", config="default", backend=PEER_BACKEND, device="cpu",
+                    sim_mode=None, steps=3, warmup=3, status="ok", reason="", time_kind=perf.MEASURED, batch=2,
+                    eager=Measurement(step_ms=40.0), compile=Measurement(step_ms=20.0, warmup_compile_s=30.0))
+    mine = PerfRow.from_json(_compare_row("models", "gpt2_small", "pfvm:cpu", 2.0, 4.0, 3.0, 1.0), "test")
+    mine.lazy_captured = Measurement(step_ms=10.0)
+    df = pd.DataFrame([peers.to_json(), mine.to_json()])
+    rest, peer_rows = split_peers(df)
+    assert list(rest["backend"]) == ["pfvm:cpu"] and list(peer_rows["backend"]) == [PEER_BACKEND]
+    (r,) = tables.peers_table(peer_rows, rest).to_dict("records")
+    assert (r["eager ms/step"], r["torch.compile ms/step"], r["pfvm:cpu: captured/eager"]) == ("40.0", "20.0", "0.25")
+    assert list(tables.models_table(rest)["backend"]) == ["pfvm:cpu"]  # peers are not rows of mncore's tables
+
+
 def test_simulated_board_rows_say_modelled(tmp_path, monkeypatch):
     """mncore2:auto in performance mode: device time is the modelled one, host time is measured."""
     monkeypatch.setenv("MNCORE_RUNTIME_DIR", str(tmp_path))  # a private board lock, whatever else runs
@@ -269,6 +310,12 @@ def test_cli_measures_in_child_processes(tmp_path):
     meta, df = load(tmp_path / "mlp-width")
     assert set(df["status"]) == {"ok", "unavailable"} and meta["steps"] == 2 and meta["commit"]
     assert (tmp_path / "mlp-width" / "mlp_width_ratio.png").exists()
+    # the peers cell (once per model, whatever the backends): eager measured; torch.compile measured unless
+    # this machine cannot compile (then the row says why)
+    (peer,) = df[df["backend"] == PEER_BACKEND].to_dict("records")
+    assert peer["status"] == "ok" and peer["eager_step_ms"] > 0
+    assert peer["compile_step_ms"] > 0 or isinstance(peer.get("compile_error"), str)
+    assert "Peers: eager PyTorch and torch.compile" in (tmp_path / "mlp-width" / "report.md").read_text()
 
 
 def test_results_with_undeclared_or_missing_fields_fail_naming_the_file(tmp_path):
