@@ -6,8 +6,7 @@ It runs tiny model cells with ``--cluster local`` (filling a fresh compile cache
 then runs a victim cell, the same cells and a last cell on the cluster through ``harness run --cluster
 HOST:PORT`` with the same shared cache: the Ray worker running the victim is killed as soon as the
 victim's child starts, and the run gets SIGINT (Ctrl-C) once three rows are written, while the last cell
-runs (it starts only when a first cell ends, and its imports alone outlast the second's end). It writes
-what happened as JSON to the path it is given.
+runs (it starts when a first cell ends). It writes what happened as JSON to the path it is given (the second argument: a short directory for Ray's files).
 """
 from __future__ import annotations
 
@@ -28,10 +27,11 @@ VICTIM, LAST = "mlp_w256", "mlp_w512"
 NODE_WAIT_S = 60.0
 
 
-def start_nodes(tmp: Path) -> subprocess.Popen:
-    """``ray start`` of the head node then the second one, with this interpreter's Ray, in the background."""
+def start_nodes(tmp: Path, ray_tmp: Path) -> subprocess.Popen:
+    """``ray start`` of the head node then the second one, with this interpreter's Ray, in the background
+    (``ray_tmp``: Ray's session directory, short: its socket paths must fit in 107 bytes)."""
     ray = shlex.quote(str(Path(sys.executable).with_name("ray")))
-    common = f"--num-cpus=1 --disable-usage-stats --temp-dir={shlex.quote(str(tmp / 'ray'))}"
+    common = f"--num-cpus=1 --disable-usage-stats --temp-dir={shlex.quote(str(ray_tmp))}"
     script = (f"{ray} start --head --node-ip-address={HEAD} --port={PORT} --include-dashboard=false {common} && "
               f"{ray} start --address={HEAD}:{PORT} --node-ip-address={SECOND} {common}")
     return subprocess.Popen(["sh", "-c", script], stdout=(tmp / "ray-start.log").open("w"), stderr=subprocess.STDOUT)
@@ -69,15 +69,17 @@ def cells_running() -> dict[int, tuple[int, bytes]]:
 
 def saboteur(stop: threading.Event, rows_file: Path, report: dict) -> None:
     """SIGKILL the Ray worker running the victim's child as soon as it runs; SIGINT this process once
-    three rows are written."""
+    three rows are written and the last cell's child runs."""
     while not stop.is_set():
+        running = cells_running()
         if "killed_worker" not in report:
-            for ppid, cmd in cells_running().values():
+            for ppid, cmd in running.values():
                 if VICTIM.encode() in cmd:
                     os.kill(ppid, signal.SIGKILL)
                     report["killed_worker"] = ppid
-        if rows_file.exists() and len(rows_file.read_text().splitlines()) >= 3:
-            report["running_at_sigint"] = len(cells_running())
+        last = [cmd for _, cmd in running.values() if LAST.encode() in cmd]
+        if last and rows_file.exists() and len(rows_file.read_text().splitlines()) >= 3:
+            report["running_at_sigint"] = len(running)
             os.kill(os.getpid(), signal.SIGINT)
             return
         time.sleep(0.1)
@@ -87,7 +89,7 @@ def rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
 
 
-def main(result: Path) -> None:
+def main(result: Path, ray_tmp: Path) -> None:
     from harness import netns
     from harness.cli import main as harness
 
@@ -96,7 +98,7 @@ def main(result: Path) -> None:
     common = ["run", "--tier", "models", "--steps", "1"]
     report: dict = {"in_namespace": netns.inside(), "seconds": {}}
     t0 = time.monotonic()
-    nodes = start_nodes(tmp)
+    nodes = start_nodes(tmp, ray_tmp)
     report["local_rc"] = harness([*common, "--models", ",".join(MODELS), "--jobs", "2", "--out", str(tmp / "local")])
     report["local"] = rows(tmp / "local")
     report["seconds"]["local"] = time.monotonic() - t0
@@ -123,4 +125,4 @@ def main(result: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), Path(sys.argv[2]))

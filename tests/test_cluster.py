@@ -1,0 +1,151 @@
+"""The cluster layer: ``--cluster`` parsing and the resources a cell asks for, and a two-node Ray cluster
+on this machine (``tests/cluster_driver.py``, started and stopped inside a loopback-only network
+namespace of its own) running tiny model cells: the rows equal ``--cluster local``'s, the shared compile
+cache means neither node compiles, a killed worker gives ``node_lost`` while the other cells finish,
+and Ctrl-C cancels what still runs and keeps the finished rows."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import cells, cli, cluster, netns
+from harness.compare import compare
+from reports.schema import ModelRow
+from tests.cluster_driver import LAST, MODELS, VICTIM
+
+pytestmark = pytest.mark.unit
+ROOT = Path(__file__).resolve().parents[1]
+DRIVER = ROOT / "tests" / "cluster_driver.py"
+DRIVER_TIMEOUT_S = 900  # a bound for a wedged cluster, far above the run (about a minute on 2 idle cores)
+# The figures of a row that depend only on the seed and the code (never on timing or where it ran).
+LOSSES = ["eager_losses", "lazy_losses", "context_losses", "lazy_captured_losses"]
+COUNTS = ["params", "graphs_per_step", "compiles_after_warmup", "implicit_syncs_per_step", "fallback_ops_per_step",
+          "cache_hits", "lazy_captured_status", "lazy_captured_replays_per_step"]
+
+
+@pytest.mark.parametrize("text, kind, address", [
+    ("local", "local", None), ("ray", "ray", None), ("auto", "ray", "auto"),
+    ("ray://10.1.2.3:10001", "ray", "ray://10.1.2.3:10001"), ("head.example:6379", "ray", "head.example:6379")])
+def test_cluster_choices(text, kind, address, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert cluster.cluster_choice(text) == cluster.ClusterChoice(kind, address)
+
+
+def test_plain_ray_joins_ray_address(monkeypatch):
+    """Ray's own rule: with ``RAY_ADDRESS`` set, ``--cluster ray`` joins that cluster instead of starting one."""
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    assert cluster.cluster_choice("ray") == cluster.ClusterChoice("ray", "127.0.0.1:6379")
+
+
+@pytest.mark.parametrize("text", ["slurm", "ray://nohost", "127.0.0.1"])
+def test_bad_cluster_is_refused_at_parse_time(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="expected local"):
+        cluster.cluster_choice(text)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["run", "--tier", "models", "--cluster", text])
+    assert e.value.code == 2
+
+
+def test_ray_missing_is_a_usage_error(monkeypatch, tmp_path, capsys):
+    """Without Ray installed, ``--cluster ray`` stops before anything runs or is written, naming the extra."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(cluster.importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    out = tmp_path / "out"
+    assert cli.main(["run", "--tier", "models", "--models", "mlp_w64:tiny", "--cluster", "ray", "--out", str(out)]) == 2
+    assert "pip install -e '.[ray]'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray not installed (pip install -e '.[ray]')")
+def test_resources_of_a_cell():
+    """CPUs for every cell, a GPU for pfvm:cuda, one simulated board (the ``mncore2`` resource) for mncore2."""
+    from harness import cluster_ray
+
+    assert cluster_ray.resources("pfvm:cpu") == {"num_cpus": 1, "scheduling_strategy": "SPREAD"}
+    assert cluster_ray.resources("pfvm:cuda")["num_gpus"] == 1
+    assert cluster_ray.resources("mncore2:auto")["resources"] == {"mncore2": 1}
+    assert "resources" not in cluster_ray.resources("emu2:0") and "num_gpus" not in cluster_ray.resources("emu2:0")
+
+
+def test_loopback_check():
+    netns.check_loopback(["127.0.0.1", "127.0.0.2", "::1"])
+    with pytest.raises(RuntimeError, match="10.0.0.5"):
+        netns.check_loopback(["127.0.0.1", "10.0.0.5"])
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory) -> dict:
+    """What ``tests/cluster_driver.py`` saw, run inside its own loopback-only network and PID namespaces
+    (which end every Ray process it started)."""
+    why = netns.unavailable() or (None if importlib.util.find_spec("ray") else "Ray not installed: "
+                                  "pip install -e '.[ray]' (make install does)")
+    if why:
+        pytest.skip(f"no two-node Ray cluster here: {why}")
+    tmp = tmp_path_factory.mktemp("cluster")
+    ray_tmp = tempfile.mkdtemp(prefix="mncore-ray-")  # short: Ray's socket paths must fit in 107 bytes
+    try:
+        proc = subprocess.run(netns.wrap([sys.executable, str(DRIVER), str(tmp / "result.json"), ray_tmp]), cwd=ROOT,
+                              env=cells.child_env(), capture_output=True, text=True, timeout=DRIVER_TIMEOUT_S)
+    finally:  # the namespace, and with it every Ray process, ended with the driver
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert proc.returncode == 0, f"driver failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
+    report = json.loads((tmp / "result.json").read_text())
+    for key in ("local", "ray"):
+        report[key] = {(r["model"], r["config"]): ModelRow.from_json(r, where=key)
+                       for r in ({k: v for k, v in r.items() if k in ModelRow.field_names()} for r in report[key])}
+    return report
+
+
+def test_the_cluster_stays_on_loopback(two_nodes):
+    assert two_nodes["in_namespace"], "the driver must run where only lo exists"
+    assert sorted(two_nodes["nodes"]) == ["127.0.0.1", "127.0.0.2"]
+    netns.check_loopback(two_nodes["nodes"])
+
+
+def test_rows_match_a_local_run(two_nodes):
+    """Every deterministic figure of a cell run on Ray equals the local run's (losses by the harness
+    comparison, counts and statuses exactly), and the cells ran on both nodes."""
+    local, ray_rows = two_nodes["local"], two_nodes["ray"]
+    for key in (tuple(m.split(":")) for m in MODELS):
+        a, b = ray_rows[key].to_json(), local[key].to_json()
+        assert a["status"] == b["status"] == "pass", (a["reason"], b["reason"])
+        for name in LOSSES:
+            verdict = compare(torch.tensor(a[name]), torch.tensor(b[name]), path=name)
+            assert verdict, verdict.message
+        assert {n: a.get(n) for n in COUNTS} == {n: b.get(n) for n in COUNTS}
+        assert b.get("node") is None
+    assert {ray_rows[tuple(m.split(":"))].node for m in MODELS} == {"127.0.0.1", "127.0.0.2"}
+
+
+def test_a_shared_cache_means_no_node_compiles(two_nodes):
+    """The local run compiled into the shared MNCORE_CACHE_DIR; on Ray both nodes only load from it
+    (``lazy_compile_s`` adds the time of each compile, so it is exactly 0.0 when nothing compiled)."""
+    for m in MODELS:
+        key = tuple(m.split(":"))
+        assert two_nodes["local"][key].lazy.compile_s > 0
+        assert two_nodes["ray"][key].lazy.compile_s == 0.0
+
+
+def test_a_killed_worker_is_node_lost_and_the_rest_finish(two_nodes):
+    assert two_nodes.get("killed_worker"), "the driver never saw the victim cell's child"
+    victim = two_nodes["ray"][(VICTIM, "tiny")]
+    assert victim.status == "node_lost"
+    assert victim.node in two_nodes["nodes"] and victim.node in victim.reason
+    assert all(two_nodes["ray"][tuple(m.split(":"))].status == "pass" for m in MODELS)
+
+
+def test_ctrl_c_cancels_the_running_cell_and_keeps_the_finished(two_nodes):
+    assert two_nodes["running_at_sigint"] == 1  # only the last cell's child was running
+    assert two_nodes["ray_rc"] == 130
+    assert two_nodes["ray_meta"]["interrupted"] == "SIGINT"
+    assert (LAST, "tiny") not in two_nodes["ray"] and len(two_nodes["ray"]) == 3
+    assert two_nodes["running_after"] == 0  # its task was cancelled: worker and child gone
