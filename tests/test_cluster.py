@@ -19,6 +19,7 @@ import torch
 
 from harness import cells, cli, cluster, netns
 from harness.compare import compare
+from reports import cluster_plan
 from reports.schema import ModelRow
 from tests.cluster_driver import LAST, MODELS, VICTIM
 
@@ -149,3 +150,25 @@ def test_ctrl_c_cancels_the_running_cell_and_keeps_the_finished(two_nodes):
     assert two_nodes["ray_meta"]["interrupted"] == "SIGINT"
     assert (LAST, "tiny") not in two_nodes["ray"] and len(two_nodes["ray"]) == 3
     assert two_nodes["running_after"] == 0  # its task was cancelled: worker and child gone
+
+
+def test_plan_hands_cells_in_order_to_the_first_free_slot():
+    # 2 slots: 3 and 3 start at 0; the 2s start at 3, 3 (ending 5, 5) and 5 (ending 7).
+    assert cluster_plan.makespan([3, 3, 2, 2, 2], 2) == 7
+    assert cluster_plan.makespan([3, 3, 2, 2, 2], 1) == 12
+    assert cluster_plan.makespan([3, 3, 2, 2, 2], 8) == 3
+
+
+def test_plan_from_a_results_file(tmp_path):
+    """Cold: every cell's wall time; warm shared cache: less its lazy compile time; more nodes stop
+    helping at the longest cell."""
+    rows = [{"model": f"m{i}", "config": "tiny", "backend": "pfvm:cpu", "wall_s": w, "lazy_compile_s": c}
+            for i, (w, c) in enumerate([(40.0, 10.0), (10.0, 4.0), (10.0, 4.0), (10.0, 4.0)])]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = cluster_plan.plan(cluster_plan.cells(tmp_path), cpus_per_node=1, overhead_s=1.0, nodes=(1, 2, 4))
+    assert list(table["cold_cache_s"]) == [74.0, 41.0, 41.0]
+    assert list(table["warm_cache_s"]) == [52.0, 31.0, 31.0]
+    assert list(table["bound_by"]) == ["total work", "longest cell", "longest cell"]
+    with pytest.raises(ValueError, match="wall_s"):
+        (tmp_path / "results.jsonl").write_text(json.dumps({"model": "m", "config": "tiny", "backend": "b"}) + "\n")
+        cluster_plan.cells(tmp_path)
