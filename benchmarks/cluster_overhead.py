@@ -20,11 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness import netns
+from reports import cluster_plan, tables
 
-from harness import netns  # noqa: E402
-from reports import cluster_plan, tables  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def timed_run(cluster: str, args: argparse.Namespace, out: Path) -> float:
