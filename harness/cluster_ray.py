@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import ray
+from ray import ObjectRefGenerator
 from ray.exceptions import RayError, RayTaskError
+from ray.util.client import ray as client_ray
 
 from harness.cells import Job, Outcome, end, start, stop
 from harness.cluster import ClusterError
@@ -61,6 +63,18 @@ def _tail(path: Path) -> bytes:
 def _cell(job: Job, timeout: float, env: dict[str, str]) -> Iterator[Any]:
     """Runs on a node: yield the node's address, then the cell's outcome with its result and log."""
     yield ray.util.get_node_ip_address()
+    yield _run(job, timeout, env)
+
+
+@ray.remote(max_retries=0)
+def _cell_once(job: Job, timeout: float, env: dict[str, str]) -> dict[str, Any]:
+    """``_cell`` for Ray Client (``ray://``), which has no streaming generators: the outcome only, so a
+    cell lost there cannot name its node."""
+    return _run(job, timeout, env)
+
+
+def _run(job: Job, timeout: float, env: dict[str, str]) -> dict[str, Any]:
+    """The cell's child on this node, to its end: how it ended, its result file and its log."""
     r = start(job, env)
     try:
         try:
@@ -73,8 +87,8 @@ def _cell(job: Job, timeout: float, env: dict[str, str]) -> Iterator[Any]:
         stop([r])
         raise
     result = job.result.read_bytes() if o.kind == "result" else None
-    yield {"kind": o.kind, "returncode": o.returncode, "wall_s": o.wall_s, "reason": o.reason, "result": result,
-           "log": _tail(job.log)}
+    return {"kind": o.kind, "returncode": o.returncode, "wall_s": o.wall_s, "reason": o.reason, "result": result,
+            "log": _tail(job.log), "node": ray.util.get_node_ip_address()}
 
 
 def _signalled(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -124,6 +138,7 @@ class RayCluster:
 
     def outcomes(self, jobs: Sequence[Job], timeout: float) -> Iterator[tuple[int, Outcome]]:
         env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED)}
+        task = _cell_once if client_ray.is_connected() else _cell
         total = ray.cluster_resources()
         pending: dict[Any, int] = {}
         node: dict[int, str] = {}
@@ -137,7 +152,7 @@ class RayCluster:
                     yield i, Outcome(job, "crash", None, 0.0, f"the Ray cluster has no {' or '.join(lacking)} "
                                      f"resource for a cell on {job.device} (start a node with it: docs/cluster.md)")
                     continue
-                pending[_cell.options(**opts).remote(job, timeout, env)] = i
+                pending[task.options(**opts).remote(job, timeout, env)] = i
                 t0[i] = time.monotonic()
             while pending:
                 ready, _ = _signalled(ray.wait, list(pending), num_returns=1, timeout=WAIT_S)
@@ -161,19 +176,21 @@ class RayCluster:
 
     @staticmethod
     def _next(gen: Any, job: Job, where: str | None, t0: float) -> str | Outcome:
-        """The task's next item: its node's address, or its outcome (a lost worker or node included)."""
+        """The task's next item (``gen``: its generator, or its one result under Ray Client): its node's
+        address, or its outcome (a lost worker or node included)."""
         try:
-            item = _signalled(ray.get, next(gen))
+            item = _signalled(ray.get, next(gen) if isinstance(gen, ObjectRefGenerator) else gen)
         except RayTaskError as e:  # the task's own code raised (not the cell's child)
             return Outcome(job, "crash", None, time.monotonic() - t0, f"the Ray task failed: {str(e)[-400:]}",
                            where or "")
         except (RayError, StopIteration) as e:
-            at = where or "an unknown node (lost before the cell started)"
+            at = where or "an unknown node (lost before the cell named it, or under Ray Client)"
             return Outcome(job, "node_lost", None, time.monotonic() - t0,
                            f"the Ray worker or node {at} died during the cell ({type(e).__name__})",
                            where or "")
         if isinstance(item, str):
             return item
+        where = item["node"]
         if item["result"] is not None:
             job.result.parent.mkdir(parents=True, exist_ok=True)
             job.result.write_bytes(item["result"])
