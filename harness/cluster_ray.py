@@ -117,7 +117,8 @@ class RayCluster:
         """Join the cluster at ``address`` (``auto``, ``HOST:PORT``, ``ray://HOST:PORT``) or, with None,
         start an embedded one here with ``jobs`` CPUs and this host's simulated boards; left after."""
         if ray.is_initialized():
-            raise RuntimeError("harness: Ray is already initialised in this process; the run connects by itself")
+            raise ClusterError("--cluster: Ray is already initialised in this process (the run connects by itself): "
+                               "call ray.shutdown() first")
         quiet = {"logging_level": logging.WARNING, "log_to_driver": False}
         try:
             if address is None:
@@ -131,10 +132,6 @@ class RayCluster:
             yield cls()
         finally:
             ray.shutdown()
-
-    def nodes(self) -> list[str]:
-        """The addresses of the cluster's live nodes."""
-        return sorted({n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]})
 
     def outcomes(self, jobs: Sequence[Job], timeout: float) -> Iterator[tuple[int, Outcome]]:
         env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED)}
@@ -190,10 +187,9 @@ class RayCluster:
                            where or "")
         if isinstance(item, str):
             return item
-        where = item["node"]
         if item["result"] is not None:
             job.result.parent.mkdir(parents=True, exist_ok=True)
             job.result.write_bytes(item["result"])
         job.log.parent.mkdir(parents=True, exist_ok=True)
         job.log.write_bytes(item["log"])
-        return Outcome(job, item["kind"], item["returncode"], item["wall_s"], item["reason"], where or "")
+        return Outcome(job, item["kind"], item["returncode"], item["wall_s"], item["reason"], item["node"])
