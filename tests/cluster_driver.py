@@ -1,12 +1,13 @@
 """The two-node Ray run of ``tests/test_cluster.py``; it runs inside ``harness.netns.wrap`` (loopback
 only, its own PID namespace, so every Ray process ends with it).
 
-It runs tiny model cells with ``--cluster local`` (filling a fresh compile cache) while a head node on
-127.0.0.1 and a second node on 127.0.0.2 (one CPU each) start, checks every node address is loopback,
-then runs a victim cell, the same cells and a last cell on the cluster through ``harness run --cluster
+It starts a head node on 127.0.0.1 and a second node on 127.0.0.2 (one CPU each), checks every node
+address is loopback, runs tiny model cells with ``--cluster local`` (filling a fresh compile cache), then
+runs a victim cell, the same cells and a last cell on the cluster through ``harness run --cluster
 HOST:PORT`` with the same shared cache: the Ray worker running the victim is killed as soon as the
 victim's child starts, and the run gets SIGINT (Ctrl-C) once three rows are written, while the last cell
-runs (it starts when a first cell ends). It writes what happened as JSON to the path it is given (the second argument: a short directory for Ray's files).
+runs (it starts when a first cell ends). It writes what happened as JSON to the path it is given (the
+second argument: a short directory for Ray's files).
 """
 from __future__ import annotations
 
@@ -98,15 +99,17 @@ def main(result: Path, ray_tmp: Path) -> None:
     common = ["run", "--tier", "models", "--steps", "1"]
     report: dict = {"in_namespace": netns.inside(), "seconds": {}}
     t0 = time.monotonic()
-    nodes = start_nodes(tmp, ray_tmp)
-    report["local_rc"] = harness([*common, "--models", ",".join(MODELS), "--jobs", "2", "--out", str(tmp / "local")])
-    report["local"] = rows(tmp / "local")
-    report["seconds"]["local"] = time.monotonic() - t0
-    if nodes.wait() != 0:
-        raise RuntimeError(f"ray start failed: see {tmp / 'ray-start.log'}")
+    # Nodes first, alone: a node must register within Ray's fixed 30 s, which cells running beside it
+    # on a loaded 2-core machine can make it miss.
+    if start_nodes(tmp, ray_tmp).wait() != 0:
+        log = (tmp / "ray-start.log").read_text()
+        raise RuntimeError(f"ray start failed ({tmp / 'ray-start.log'}):\n{log[-1500:]}")
     report["nodes"] = live_nodes(f"{HEAD}:{PORT}", 2)
     netns.check_loopback(report["nodes"])  # the network rule: never run cells on a cluster that breaks it
     report["seconds"]["nodes"] = time.monotonic() - t0
+    report["local_rc"] = harness([*common, "--models", ",".join(MODELS), "--jobs", "2", "--out", str(tmp / "local")])
+    report["local"] = rows(tmp / "local")
+    report["seconds"]["local"] = time.monotonic() - t0
     stop = threading.Event()
     watcher = threading.Thread(target=saboteur, args=(stop, tmp / "ray" / "results.jsonl", report), daemon=True)
     watcher.start()

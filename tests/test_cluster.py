@@ -83,15 +83,9 @@ def test_loopback_check():
         netns.check_loopback(["127.0.0.1", "10.0.0.5"])
 
 
-@pytest.fixture(scope="module")
-def two_nodes(tmp_path_factory) -> dict:
+def _two_nodes(tmp: Path) -> dict:
     """What ``tests/cluster_driver.py`` saw, run inside its own loopback-only network and PID namespaces
     (which end every Ray process it started)."""
-    why = netns.unavailable() or (None if importlib.util.find_spec("ray") else "Ray not installed: "
-                                  "pip install -e '.[ray]' (make install does)")
-    if why:
-        pytest.skip(f"no two-node Ray cluster here: {why}")
-    tmp = tmp_path_factory.mktemp("cluster")
     ray_tmp = tempfile.mkdtemp(prefix="mncore-ray-")  # short: Ray's socket paths must fit in 107 bytes
     try:
         proc = subprocess.run(netns.wrap([sys.executable, str(DRIVER), str(tmp / "result.json"), ray_tmp]), cwd=ROOT,
@@ -106,50 +100,50 @@ def two_nodes(tmp_path_factory) -> dict:
     return report
 
 
-def test_the_cluster_stays_on_loopback(two_nodes):
-    assert two_nodes["in_namespace"], "the driver must run where only lo exists"
-    assert sorted(two_nodes["nodes"]) == ["127.0.0.1", "127.0.0.2"]
-    netns.check_loopback(two_nodes["nodes"])
+def test_two_node_cluster(tmp_path):
+    """One driver run (a cluster costs seconds to start, so every check reads the same run):"""
+    why = netns.unavailable() or (None if importlib.util.find_spec("ray") else "Ray not installed: "
+                                  "pip install -e '.[ray]' (make install does)")
+    if why:
+        pytest.skip(f"no two-node Ray cluster here: {why}")
+    run = _two_nodes(tmp_path)
+    local, on_ray = run["local"], run["ray"]
+    keys = [tuple(m.split(":")) for m in MODELS]
 
+    # The cluster stays on loopback (the driver refuses to run cells otherwise).
+    assert run["in_namespace"], "the driver must run where only lo exists"
+    assert sorted(run["nodes"]) == ["127.0.0.1", "127.0.0.2"]
+    netns.check_loopback(run["nodes"])
 
-def test_rows_match_a_local_run(two_nodes):
-    """Every deterministic figure of a cell run on Ray equals the local run's (losses by the harness
-    comparison, counts and statuses exactly), and the cells ran on both nodes."""
-    local, ray_rows = two_nodes["local"], two_nodes["ray"]
-    for key in (tuple(m.split(":")) for m in MODELS):
-        a, b = ray_rows[key].to_json(), local[key].to_json()
-        assert a["status"] == b["status"] == "pass", (a["reason"], b["reason"])
+    # Every deterministic figure of a cell run on Ray equals the local run's (losses by the harness
+    # comparison, counts and statuses exactly), and the cells ran on both nodes.
+    for key in keys:
+        a, b = on_ray[key].to_json(), local[key].to_json()
+        assert a["status"] == b["status"] == "pass", (key, a["reason"], b["reason"])
         for name in LOSSES:
-            verdict = compare(torch.tensor(a[name]), torch.tensor(b[name]), path=name)
+            verdict = compare(torch.tensor(a[name]), torch.tensor(b[name]), path=f"{key} {name}")
             assert verdict, verdict.message
-        assert {n: a.get(n) for n in COUNTS} == {n: b.get(n) for n in COUNTS}
+        assert {n: a.get(n) for n in COUNTS} == {n: b.get(n) for n in COUNTS}, key
         assert b.get("node") is None
-    assert {ray_rows[tuple(m.split(":"))].node for m in MODELS} == {"127.0.0.1", "127.0.0.2"}
+    assert {on_ray[key].node for key in keys} == {"127.0.0.1", "127.0.0.2"}
 
+    # The local run compiled into the shared MNCORE_CACHE_DIR; on Ray both nodes only load from it
+    # (``lazy_compile_s`` adds the time of each compile, so it is exactly 0.0 when nothing compiled).
+    for key in keys:
+        assert local[key].lazy.compile_s > 0, key
+        assert on_ray[key].lazy.compile_s == 0.0, (key, on_ray[key].node)
 
-def test_a_shared_cache_means_no_node_compiles(two_nodes):
-    """The local run compiled into the shared MNCORE_CACHE_DIR; on Ray both nodes only load from it
-    (``lazy_compile_s`` adds the time of each compile, so it is exactly 0.0 when nothing compiled)."""
-    for m in MODELS:
-        key = tuple(m.split(":"))
-        assert two_nodes["local"][key].lazy.compile_s > 0
-        assert two_nodes["ray"][key].lazy.compile_s == 0.0
+    # Killing the Ray worker that runs a cell gives it node_lost, naming the node; the rest finish.
+    assert run.get("killed_worker"), "the driver never saw the victim cell's child"
+    victim = on_ray[(VICTIM, "tiny")]
+    assert victim.status == "node_lost", (victim.status, victim.reason)
+    assert victim.node in run["nodes"] and victim.node in victim.reason
 
-
-def test_a_killed_worker_is_node_lost_and_the_rest_finish(two_nodes):
-    assert two_nodes.get("killed_worker"), "the driver never saw the victim cell's child"
-    victim = two_nodes["ray"][(VICTIM, "tiny")]
-    assert victim.status == "node_lost"
-    assert victim.node in two_nodes["nodes"] and victim.node in victim.reason
-    assert all(two_nodes["ray"][tuple(m.split(":"))].status == "pass" for m in MODELS)
-
-
-def test_ctrl_c_cancels_the_running_cell_and_keeps_the_finished(two_nodes):
-    assert two_nodes["running_at_sigint"] == 1  # only the last cell's child was running
-    assert two_nodes["ray_rc"] == 130
-    assert two_nodes["ray_meta"]["interrupted"] == "SIGINT"
-    assert (LAST, "tiny") not in two_nodes["ray"] and len(two_nodes["ray"]) == 3
-    assert two_nodes["running_after"] == 0  # its task was cancelled: worker and child gone
+    # SIGINT while the last cell runs cancels it (no cell process left), keeps the three finished rows.
+    assert run["running_at_sigint"] == 1  # only the last cell's child was running
+    assert run["ray_rc"] == 130 and run["ray_meta"]["interrupted"] == "SIGINT"
+    assert (LAST, "tiny") not in on_ray and len(on_ray) == 3
+    assert run["running_after"] == 0
 
 
 def test_plan_hands_cells_in_order_to_the_first_free_slot():
