@@ -58,7 +58,7 @@ def cluster_choice(text: str) -> ClusterChoice:
         return ClusterChoice("ray", os.environ.get("RAY_ADDRESS") or None)
     if value == "auto" or _ADDRESS.match(value):
         return ClusterChoice("ray", value)
-    raise argparse.ArgumentTypeError(f"--cluster {text!r}: expected {CHOICES}")
+    raise argparse.ArgumentTypeError(f"{text!r}: expected {CHOICES}")
 
 
 def add_argument(p: argparse.ArgumentParser) -> None:
