@@ -8,6 +8,8 @@ on timeout or when the run is interrupted, makes each child die with the parent 
 or a ``crash`` (a signal or an exit without a result), with the log's tail as the reason.
 The tier runner, the performance reports and the registry recorder run their cells through it;
 the fuzz worker (a fork server, not ``python -m``) shares the kill, log and exit rules below.
+Where the children run is the cluster's (``harness.cluster``): here, or one per Ray task
+(``harness.cluster_ray``), whose lost node gives a ``node_lost`` outcome.
 """
 from __future__ import annotations
 
@@ -20,9 +22,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Sequence, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
 from harness.progress import Progress
+
+if TYPE_CHECKING:
+    from harness.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable  # the interpreter children run with (tests substitute a crashing one)
@@ -61,9 +66,11 @@ def _die_with_parent(parent: int) -> Callable[[], None] | None:
     return preexec
 
 
-def child_env() -> dict[str, str]:
-    """The environment of a cell: offline Hugging Face, quiet transformers, this checkout importable."""
-    return dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", PYTHONPATH=str(ROOT))
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a cell: offline Hugging Face, quiet transformers, this checkout importable
+    (``extra``: the driver's settings, for a cell started on another node)."""
+    return {**os.environ, **(extra or {}), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
+            "PYTHONPATH": str(ROOT)}
 
 
 def kill_group(pid: int) -> None:
@@ -95,6 +102,7 @@ class Job:
     module: str
     args: tuple[str, ...]
     result: Path
+    device: str | None = None  # the device the cell runs on: what it asks a cluster for (a GPU, a board)
 
     @property
     def log(self) -> Path:
@@ -103,28 +111,73 @@ class Job:
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a job ended: ``kind`` is ``result`` (the result file exists), ``timeout``, ``oom`` or ``crash``."""
+    """How a job ended: ``kind`` is ``result`` (the result file exists), ``timeout``, ``oom``, ``crash`` or
+    ``node_lost`` (the cluster lost the worker or node that ran it)."""
 
     job: Job
     kind: str
     returncode: int | None
     wall_s: float
     reason: str  # '' for a result
+    node: str = ""  # the address of the cluster node it ran on ('' when it ran here)
 
 
 @dataclass
-class _Running:
+class Running:
+    """A started child: its job, process, open log and start time."""
+
     job: Job
     proc: subprocess.Popen
     log: IO[Any]
     t0: float
 
 
-class CellRunner:
-    """Runs jobs in child processes, ``jobs`` at a time, with a progress line per finished job."""
+def start(job: Job, extra_env: Mapping[str, str] | None = None) -> Running:
+    """Start ``job``'s child in its own process group, dying with this process, its output in its log."""
+    job.result.parent.mkdir(parents=True, exist_ok=True)
+    job.result.unlink(missing_ok=True)
+    log = job.log.open("w")
+    proc = subprocess.Popen([PYTHON, "-m", job.module, *job.args], stdout=log, stderr=subprocess.STDOUT,
+                            env=child_env(extra_env), cwd=ROOT, start_new_session=True,
+                            preexec_fn=_die_with_parent(os.getpid()))
+    return Running(job, proc, log, time.monotonic())
 
-    def __init__(self, total: int, desc: str, *, jobs: int = 1, timeout: float = 900.0):
-        self.jobs, self.timeout = max(1, jobs), timeout
+
+def end(r: Running, timed_out: bool, timeout: float) -> Outcome:
+    """Reap a child (killing its group first when it ``timed_out``) and say how it ended."""
+    if timed_out:
+        kill_group(r.proc.pid)
+    rc = r.proc.wait()
+    r.log.close()
+    wall = time.monotonic() - r.t0
+    if timed_out:
+        return Outcome(r.job, "timeout", None, wall, f"no result after {timeout:g}s")
+    if r.job.result.exists():
+        return Outcome(r.job, "result", rc, wall, "")
+    kill_group(r.proc.pid)  # what the dead child started must not outlive it
+    tail = log_tail(r.job.log).strip()
+    return Outcome(r.job, exit_kind(rc, tail), rc, wall, f"child exited {rc}: {tail[-REASON_CHARS:]}")
+
+
+def stop(running: Sequence[Running]) -> None:
+    """Interrupted: kill every child's group before waiting for any, so none is left behind."""
+    for r in running:
+        kill_group(r.proc.pid)
+    for r in running:
+        r.proc.wait()
+        r.log.close()
+
+
+class CellRunner:
+    """Runs jobs in child processes on a cluster (default: here, ``jobs`` at a time), with a progress
+    line per finished job."""
+
+    def __init__(self, total: int, desc: str, *, jobs: int = 1, timeout: float = 900.0,
+                 cluster: Cluster | None = None):
+        from harness.cluster import LocalCluster
+
+        self.timeout = timeout
+        self.cluster = cluster or LocalCluster(jobs)
         self.bar = Progress(total, desc)
 
     def __enter__(self) -> CellRunner:
@@ -137,53 +190,14 @@ class CellRunner:
         """Count a job that needs no child (its answer is already known)."""
         self.bar.step(label)
 
-    def _start(self, job: Job) -> _Running:
-        job.result.parent.mkdir(parents=True, exist_ok=True)
-        job.result.unlink(missing_ok=True)
-        log = job.log.open("w")
-        proc = subprocess.Popen([PYTHON, "-m", job.module, *job.args], stdout=log, stderr=subprocess.STDOUT,
-                                env=child_env(), cwd=ROOT, start_new_session=True,
-                                preexec_fn=_die_with_parent(os.getpid()))
-        return _Running(job, proc, log, time.monotonic())
-
-    def _end(self, r: _Running, timed_out: bool) -> Outcome:
-        if timed_out:
-            kill_group(r.proc.pid)
-        rc = r.proc.wait()
-        r.log.close()
-        wall = time.monotonic() - r.t0
-        if timed_out:
-            return Outcome(r.job, "timeout", None, wall, f"no result after {self.timeout:g}s")
-        if r.job.result.exists():
-            return Outcome(r.job, "result", rc, wall, "")
-        kill_group(r.proc.pid)  # what the dead child started must not outlive it
-        tail = log_tail(r.job.log).strip()
-        return Outcome(r.job, exit_kind(rc, tail), rc, wall, f"child exited {rc}: {tail[-REASON_CHARS:]}")
-
     def run(self, jobs: Sequence[Job], finish: Callable[[Outcome], T],
             status: Callable[[T], str] = lambda v: v.status) -> list[T]:  # type: ignore[attr-defined]
-        """``finish(outcome)`` of every job, in the order of ``jobs``; ``status`` labels the progress line."""
-        queue = list(enumerate(jobs))
-        running: dict[int, _Running] = {}
+        """``finish(outcome)`` of every job as it ends, returned in the order of ``jobs``; ``status``
+        labels the progress line. Stopped (an exception, ``Interrupted``), the cluster ends every child."""
         done: dict[int, T] = {}
-        try:
-            while queue or running:
-                while queue and len(running) < self.jobs:
-                    i, job = queue.pop(0)
-                    running[i] = self._start(job)
-                for i, r in list(running.items()):
-                    timed_out = time.monotonic() - r.t0 >= self.timeout
-                    if r.proc.poll() is None and not timed_out:
-                        continue
-                    outcome = self._end(r, timed_out and r.proc.poll() is None)
-                    del running[i]
-                    done[i] = finish(outcome)
-                    self.bar.step(f"{r.job.label}: {status(done[i])} ({outcome.wall_s:.0f}s)")
-                time.sleep(0.05)
-        finally:
-            for r in running.values():  # interrupted: leave no children behind (all killed before any wait)
-                kill_group(r.proc.pid)
-            for r in running.values():
-                r.proc.wait()
-                r.log.close()
+        with contextlib.closing(self.cluster.outcomes(jobs, self.timeout)) as outcomes:
+            for i, outcome in outcomes:
+                done[i] = finish(outcome)
+                where = f" on {outcome.node}" if outcome.node else ""
+                self.bar.step(f"{outcome.job.label}: {status(done[i])} ({outcome.wall_s:.0f}s{where})")
         return [done[i] for i in range(len(jobs))]

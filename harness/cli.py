@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+from harness import cluster
 from harness.argtypes import USAGE_ERROR, positive_int
 
 
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     rr.add_argument("--max-batch", type=int, default=2,
                     help="cap the batch size of non-tiny configs (every op and non-batch dim is unchanged; "
                          "0 = the spec's own batch size)")
+    cluster.add_argument(rr)
     for name in ("stats", "show"):
         p = reg.add_parser(name)
         p.add_argument("--path", type=Path, default=None)
@@ -75,8 +77,13 @@ def main(argv: list[str] | None = None) -> int:
         models = args.models.split(",") if args.models else model_zoo.names()
         for m in models:
             model_zoo.get(m)  # unknown names fail before any work starts
-        return registry_cmd.record(models, args.configs.split(","), path, jobs=args.jobs, timeout=args.timeout,
-                                   lazy=not args.no_lazy, max_batch=args.max_batch or None)
+        try:
+            with cluster.connect(args.cluster, args.jobs) as where:
+                return registry_cmd.record(models, args.configs.split(","), path, jobs=args.jobs, timeout=args.timeout,
+                                           lazy=not args.no_lazy, max_batch=args.max_batch or None, cluster=where)
+        except cluster.ClusterError as e:
+            print(f"harness registry record: {e}", file=sys.stderr)
+            return USAGE_ERROR
     if args.reg_cmd == "stats":
         print(registry_cmd.stats(path))
         return 0

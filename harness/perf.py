@@ -45,10 +45,13 @@ import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.cells import CellRunner, Job, Outcome
 from reports.schema import Measurement, PerfRow
+
+if TYPE_CHECKING:
+    from harness.cluster import Cluster
 
 EXECUTIONS = ("sync", "async_naive", "async")
 MEASURED = "measured wall time"
@@ -585,12 +588,14 @@ def _jobs(i: int, cell: dict, backend: Backend, out: Path) -> list[Job]:
         if cell["kind"] in ("compare", "peers") else [(cell, stem, "")]
     return [Job(f"{cell['model']} on {backend.label}{what}", "harness.perf",
                 ("--cell", json.dumps(c), "--artifacts", str(out), "--out", str(out / "cells" / f"{name}.json")),
-                out / "cells" / f"{name}.json")
+                out / "cells" / f"{name}.json", device=backend.device)
             for c, name, what in halves]
 
 
-def run_cells(cells: list[dict], out: Path, timeout: int = 1200, desc: str = "report") -> list[PerfRow]:
-    """Run each cell in child processes (``python -m harness.perf``); every cell yields rows, even on a crash."""
+def run_cells(cells: list[dict], out: Path, timeout: int = 1200, desc: str = "report",
+              cluster: Cluster | None = None) -> list[PerfRow]:
+    """Run each cell in child processes (``python -m harness.perf``, on ``cluster``: default here); every
+    cell yields rows, even on a crash or a lost node."""
     planned = [(cell, Backend(cell["backend"], cell.get("sim_mode"))) for cell in cells]
     planned_jobs = [_jobs(i, cell, backend, out) for i, (cell, backend) in enumerate(planned)]
     rows: list[PerfRow] = []
@@ -601,7 +606,7 @@ def run_cells(cells: list[dict], out: Path, timeout: int = 1200, desc: str = "re
             return [PerfRow.from_json(r, where=str(o.job.result)) for r in json.loads(o.job.result.read_text())]
         return [_stub_row(cell, backend, "error" if o.kind == "crash" else o.kind, o.reason)]
 
-    with CellRunner(sum(map(len, planned_jobs)), desc, timeout=timeout) as runner:
+    with CellRunner(sum(map(len, planned_jobs)), desc, timeout=timeout, cluster=cluster) as runner:
         for (cell, backend), jobs in zip(planned, planned_jobs):
             if backend.label in unavailable:  # init failed once: no child per model for the same answer
                 rows.append(_stub_row(cell, backend, "unavailable", unavailable[backend.label]))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from harness.cells import CellRunner, Job, Outcome
 
 if TYPE_CHECKING:
+    from harness.cluster import Cluster
     from shape_registry import Registry
 
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "shape_registry" / "data" / "registry.jsonl"
@@ -71,8 +72,9 @@ class _Recorded:
 
 
 def record(models: list[str], configs: list[str], out: Path, jobs: int = 1, timeout: int = 1800,
-           lazy: bool = True, max_batch: int | None = None) -> int:
-    """Record every (model, config) in a child process and merge the results into ``out``."""
+           lazy: bool = True, max_batch: int | None = None, cluster: Cluster | None = None) -> int:
+    """Record every (model, config) in a child process (on ``cluster``: default here) and merge the
+    results into ``out``."""
     from shape_registry import Registry
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -83,14 +85,14 @@ def record(models: list[str], configs: list[str], out: Path, jobs: int = 1, time
                 args = [m, c, str(part)] + ([] if lazy else ["--no-lazy"])
                 if max_batch and c != "tiny":
                     args += ["--max-batch", str(max_batch)]
-                todo.append(Job(f"{m}:{c}", "harness.registry_cmd", tuple(args), part))
+                todo.append(Job(f"{m}:{c}", "harness.registry_cmd", tuple(args), part, device="pfvm:cpu"))
 
         def finish(o: Outcome) -> _Recorded:
             if o.kind == "result":
                 return _Recorded("ok", Registry.load(o.job.result))
             return _Recorded(o.kind, None, f"{o.job.label}: {o.reason}")
 
-        with CellRunner(len(todo), "recording", jobs=jobs, timeout=timeout) as runner:
+        with CellRunner(len(todo), "recording", jobs=jobs, timeout=timeout, cluster=cluster) as runner:
             recorded = runner.run(todo, finish)
     merged = Registry()
     for r in recorded:

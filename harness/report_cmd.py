@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from harness import cluster
 from harness.argtypes import USAGE_ERROR, UsageError, directory, non_negative_int, positive_int, width_list
 from reports.schema import PEER_BACKEND
 
@@ -50,6 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--publish", nargs="?", const=PUBLISHED, type=directory,
                    help="('all') also copy Markdown, PNGs, CSVs to DIR (default reports/published); only files "
                         "listed in DIR's manifest (harness-manifest.json) are replaced")
+    cluster.add_argument(p)
 
 
 def _backends(args: argparse.Namespace, name: str) -> list:
@@ -79,7 +81,7 @@ def cells(name: str, args: argparse.Namespace) -> list[dict]:
     return out
 
 
-def measure(name: str, args: argparse.Namespace, root: Path) -> Path:
+def measure(name: str, args: argparse.Namespace, root: Path, where: cluster.Cluster | None = None) -> Path:
     """Run report ``name``'s cells and write its results files; returns the report directory."""
     from harness import perf
     from harness.results import provenance, write_results
@@ -97,7 +99,7 @@ def measure(name: str, args: argparse.Namespace, root: Path) -> Path:
     t0 = time.monotonic()
     print(f"harness report {name}: {len(todo)} cell(s), {todo[0]['steps'] if todo else 0} timed steps after "
           f"{args.warmup} warm-up -> {d}", flush=True)
-    rows = perf.run_cells(todo, d, timeout=args.timeout, desc=name)
+    rows = perf.run_cells(todo, d, timeout=args.timeout, desc=name, cluster=where)
     backends = []
     for b in _backends(args, name):
         mine = [r for r in rows if r.backend == b.label]
@@ -107,7 +109,7 @@ def measure(name: str, args: argparse.Namespace, root: Path) -> Path:
         backends.append({"label": b.label, "device": b.device, "sim_mode": b.sim_mode, "state": state})
     meta.update(report=name, steps=todo[0]["steps"] if todo else None, warmup=args.warmup, config=args.config,
                 execution="sync, async_naive, async (one row each)" if name == "async" else "async",
-                backends=backends, wall_s=round(time.monotonic() - t0, 1),
+                backends=backends, wall_s=round(time.monotonic() - t0, 1), cluster=args.cluster.label,
                 command="harness " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["report"]
                 else f"harness report {name}")
     write_results(rows, d, meta)
@@ -144,11 +146,26 @@ def main(args: argparse.Namespace) -> int:
         sources = _sources(args, names) if args.from_dir is not None else {}
         if args.publish and args.name == "all":
             page.owned(args.publish)  # a foreign publish directory is refused before minutes of measuring
+        if args.from_dir is None:
+            cluster.check(args.cluster)
     except (UsageError, page.PublishError) as e:
         print(f"harness report: {e}", file=sys.stderr)
         return USAGE_ERROR
     root = Path(args.out or args.from_dir or DEFAULT_OUT)
     root.mkdir(parents=True, exist_ok=True)
+    try:
+        with cluster.connect(args.cluster if args.from_dir is None else cluster.ClusterChoice("local")) as where:
+            return _reports(args, names, sources, root, where)
+    except cluster.ClusterError as e:
+        print(f"harness report: {e}", file=sys.stderr)
+        return USAGE_ERROR
+
+
+def _reports(args: argparse.Namespace, names: list[str], sources: dict[str, Path], root: Path,
+             where: cluster.Cluster) -> int:
+    """Measure (on ``where``) or adopt each report, render it, and for ``all`` the page (and publish)."""
+    from reports import page
+
     for name in names:
         if args.from_dir is not None:
             src = sources.get(name)
@@ -158,7 +175,7 @@ def main(args: argparse.Namespace) -> int:
             d = src if args.out is None else root / name
             page.adopt(src, d)
         else:
-            d = measure(name, args, root)
+            d = measure(name, args, root, where)
         render(name, d)
     if args.name == "all":
         md, html = page.render_index(root)

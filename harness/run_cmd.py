@@ -12,6 +12,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+from harness import cluster
 from harness.argtypes import USAGE_ERROR, UsageError, directory, positive_int
 
 
@@ -25,6 +26,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--timeout", type=positive_int, default=900, help="seconds per model")
     run.add_argument("--update-expected", action="store_true",
                      help="update the rows of the cells that ran in ci/expected/<tier>_<backend>.csv (others kept)")
+    cluster.add_argument(run)
 
 
 def _picked(args: argparse.Namespace, todo: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -69,6 +71,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         todo = _picked(args, tiers.models_tier() if args.tier == "models" else tiers.full_tier())
         backends = _backends(args)
+        cluster.check(args.cluster)
         for b in backends:  # a corrupt file is refused now, not after the run
             expectations.load_expected(args.tier, b)
             expectations.load_perf(args.tier, b)
@@ -86,14 +89,20 @@ def _run(args: argparse.Namespace, todo: list[tuple[str, str]], backends: list[s
 
     meta = tiers.metadata(args.tier, args.steps)
     print(f"harness: tier {args.tier}: {len(todo)} model configs x {len(backends)} backend(s), {args.steps} steps "
-          f"each -> {out}", flush=True)
-    writer = ResultsWriter(out, meta, stamp=True)
+          f"each on {args.cluster.label} -> {out}", flush=True)
+    writer = ResultsWriter(out, {**meta, "cluster": args.cluster.label}, stamp=True)
     stopped: Interrupted | None = None
     with signals_raise():
         try:
-            tiers.run_models(todo, backends, args.steps, out, jobs=args.jobs, timeout=args.timeout, on_row=writer.add)
-        except Interrupted as e:  # the children are already killed (CellRunner.run)
+            with cluster.connect(args.cluster, args.jobs) as where:
+                tiers.run_models(todo, backends, args.steps, out, jobs=args.jobs, timeout=args.timeout,
+                                 on_row=writer.add, cluster=where)
+        except Interrupted as e:  # the children are already killed (CellRunner.run), the Ray tasks cancelled
             stopped = e
+        except cluster.ClusterError as e:
+            writer.close(cluster_error=str(e))
+            print(f"harness run: {e}", file=sys.stderr)
+            return USAGE_ERROR
     records = [r.to_json() for r in writer.rows]
     if stopped is not None:
         note = (f"interrupted by {stopped.name} after {len(records)} of {len(todo) * len(backends)} cells: "

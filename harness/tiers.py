@@ -8,11 +8,14 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from harness.cells import CellRunner, Job, Outcome
 from harness.results import provenance
 from reports.schema import ModelRow
+
+if TYPE_CHECKING:
+    from harness.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADLINE = [("mlp_w64", "default"), ("mlp_w128", "default"), ("mlp_w256", "default"),
@@ -53,9 +56,11 @@ def run_id() -> str:
 
 
 def run_models(todo: list[tuple[str, str]], backends: list[str], steps: int, out: Path, jobs: int = 1,
-               timeout: int = 900, on_row: Callable[[ModelRow], None] | None = None) -> list[ModelRow]:
-    """Run each (model, config, backend) in a child process (``python -m harness.runner``); every one
-    gives a row, even on a crash, an OOM or a hang. ``on_row`` sees each row as its cell finishes."""
+               timeout: int = 900, on_row: Callable[[ModelRow], None] | None = None,
+               cluster: Cluster | None = None) -> list[ModelRow]:
+    """Run each (model, config, backend) in a child process (``python -m harness.runner``, on ``cluster``:
+    default here); every one gives a row, even on a crash, an OOM, a hang or a lost node. ``on_row`` sees
+    each row as its cell finishes."""
     from harness.runner import repro_command
 
     rows_dir = out / "rows" / run_id()
@@ -64,7 +69,7 @@ def run_models(todo: list[tuple[str, str]], backends: list[str], steps: int, out
         for m, c in todo:
             part = rows_dir / f"{m}-{c}-{b.replace(':', '_')}.json"
             args = ("--model", m, "--config", c, "--backend", b, "--steps", str(steps), "--out", str(part))
-            cells[Job(f"{m}:{c} on {b}", "harness.runner", args, part)] = (m, c, b)
+            cells[Job(f"{m}:{c} on {b}", "harness.runner", args, part, device=b)] = (m, c, b)
 
     def finish(o: Outcome) -> ModelRow:
         if o.kind == "result":
@@ -74,12 +79,12 @@ def run_models(todo: list[tuple[str, str]], backends: list[str], steps: int, out
             row = ModelRow(model=m, config=c, backend=b, steps=steps, repro=repro_command(m, c, b, steps),
                            time_kind="measured wall time", status="fail_to_run" if o.kind == "crash" else o.kind,
                            reason=o.reason)
-        row.wall_s = round(o.wall_s, 1)
+        row.wall_s, row.node = round(o.wall_s, 1), o.node or None
         if on_row is not None:
             on_row(row)
         return row
 
-    with CellRunner(len(cells), "models", jobs=jobs, timeout=timeout) as runner:
+    with CellRunner(len(cells), "models", jobs=jobs, timeout=timeout, cluster=cluster) as runner:
         return runner.run(list(cells), finish)
 
 

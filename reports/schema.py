@@ -230,7 +230,7 @@ class ModelRow(Row):
     judged and timed (always measured wall time: pfvm devices execute real kernels)."""
 
     STATUSES: ClassVar[tuple[str, ...]] = ("pass", "fail_accuracy", "fail_to_run", "eager_fail", "timeout", "oom",
-                                           "skipped")
+                                           "skipped", "node_lost")
     FLATTENED: ClassVar[dict[str, str]] = {"lazy": "lazy_", "context": "context_", "lazy_captured": "lazy_captured_"}
 
     repro: str
@@ -265,6 +265,8 @@ class ModelRow(Row):
     """lazy_captured_step_ms / context_step_ms."""
     wall_s: float | None = None
     """Wall time of the row's child process (set by the parent)."""
+    node: str | None = None
+    """The address of the Ray node the cell ran on (``--cluster ray``; None when it ran here)."""
     lazy: ModeResult = field(default_factory=ModeResult)
     """Written as ``lazy_*``: lazy mode (its trace, graph and sync figures are the unprefixed fields)."""
     context: ModeResult = field(default_factory=ModeResult)
@@ -286,7 +288,7 @@ class PerfRow(Row):
     lazy run unprefixed; peers rows (backend ``PEER_BACKEND``) hold ``eager_`` and ``compile_``.
     """
 
-    STATUSES: ClassVar[tuple[str, ...]] = ("ok", "error", "unavailable", "timeout", "oom")
+    STATUSES: ClassVar[tuple[str, ...]] = ("ok", "error", "unavailable", "timeout", "oom", "node_lost")
     FLATTENED: ClassVar[dict[str, str]] = {"window": "", "context": "context_", "lazy": "lazy_",
                                            "lazy_captured": "lazy_captured_", "eager": "eager_",
                                            "compile": "compile_"}

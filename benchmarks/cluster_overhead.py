@@ -1,0 +1,90 @@
+"""Ray's overhead on one machine: ``harness run --tier models`` with ``--cluster local --jobs N`` and
+with ``--cluster ray --jobs N`` (an embedded Ray cluster with N CPUs, started and stopped inside the
+command) side by side in one run; prints both MEASURED wall times (the whole command, pfvm:cpu) and
+the ratio (target: ray / local <= 1.15), then the simulation on paper of the tier on more nodes from
+the Ray run's per-cell times (``reports.cluster_plan``).
+
+Ray may only listen on loopback here, so the script runs itself inside a network namespace that has
+only ``lo`` (``harness.netns``; needs root). Neither run has a disk compile cache (both compile alike).
+
+    python benchmarks/cluster_overhead.py [--models mlp_w64:tiny,mlp_w128:tiny] [--jobs 2] [--steps 3]
+    python benchmarks/cluster_overhead.py --plan-from results/DIR [--cpus-per-node 2] [--overhead-s 0.5]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness import netns
+from reports import cluster_plan, tables
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def timed_run(cluster: str, args: argparse.Namespace, out: Path) -> float:
+    """Wall seconds of one ``harness run`` (its output to ``out/run.log``)."""
+    cmd = [sys.executable, "-m", "harness.cli", "run", "--tier", "models", "--steps", str(args.steps),
+           "--jobs", str(args.jobs), "--cluster", cluster, "--out", str(out)]
+    if args.models:
+        cmd += ["--models", args.models]
+    env = {k: v for k, v in os.environ.items() if k not in ("MNCORE_CACHE_DIR", "RAY_ADDRESS")}
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with (out.parent / f"{out.name}.log").open("w") as log:
+        rc = subprocess.call(cmd, cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.monotonic() - t0
+    if rc not in (0, 1):  # 1: expectation mismatches (a --models subset, a slow machine), still a full run
+        raise SystemExit(f"harness run --cluster {cluster} exited {rc}: see {out.parent / f'{out.name}.log'}")
+    return wall
+
+
+def show_plan(results: Path, cpus_per_node: int, overhead_s: float) -> None:
+    df = cluster_plan.cells(results)
+    print(f"\nsimulation on paper from {results} ({len(df)} cells, {df['wall_s'].sum():.0f} s of cell wall time, "
+          f"longest {df['wall_s'].max():.0f} s; {cpus_per_node} cells at a time per node, {overhead_s:.2f} s "
+          "overhead per cell):")
+    print(tables.to_markdown(cluster_plan.plan(df, cpus_per_node, overhead_s)))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", help="a subset (harness run --models) instead of the whole models tier")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--out", type=Path, help="keep both runs' results here (default: a temporary directory)")
+    ap.add_argument("--plan-from", type=Path, help="only print the plan from this results file or directory")
+    ap.add_argument("--cpus-per-node", type=int, default=2)
+    ap.add_argument("--overhead-s", type=float, default=None, help="per-cell overhead for the plan "
+                    "(default: measured, (ray - local) wall / cells, at least 0)")
+    args = ap.parse_args()
+    if args.plan_from:
+        show_plan(args.plan_from, args.cpus_per_node, args.overhead_s or 0.0)
+        return 0
+    if not netns.inside():
+        why = netns.unavailable()
+        if why:
+            print(f"cluster_overhead: cannot keep Ray on loopback here: {why}", file=sys.stderr)
+            return 2
+        return subprocess.call(netns.wrap([sys.executable, *sys.argv]), cwd=ROOT)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.out or Path(tmp)
+        local = timed_run("local", args, root / "local")
+        ray = timed_run("ray", args, root / "ray")
+        n = len(cluster_plan.cells(root / "ray"))
+        print(f"harness run --tier models{' --models ' + args.models if args.models else ''} --steps {args.steps} "
+              f"--jobs {args.jobs} ({n} cells, pfvm:cpu, measured wall time of the whole command):")
+        print(f"  --cluster local: {local:7.1f} s")
+        print(f"  --cluster ray:   {ray:7.1f} s   (embedded Ray cluster, {args.jobs} CPUs, started and stopped in it)")
+        print(f"  ray / local: {ray / local:.3f} (target <= 1.15)")
+        overhead = args.overhead_s if args.overhead_s is not None else max(0.0, (ray - local) / n)
+        show_plan(root / "ray", args.cpus_per_node, overhead)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""The two-node Ray run of ``tests/test_cluster.py``; it runs inside ``harness.netns.wrap`` (loopback
+only, its own PID namespace, so every Ray process ends with it).
+
+It starts a head node on 127.0.0.1 and a second node on 127.0.0.2 (one CPU each), checks every node
+address is loopback, runs tiny model cells with ``--cluster local`` (filling a fresh compile cache), then
+runs a victim cell, the same cells and a last cell on the cluster through ``harness run --cluster
+HOST:PORT`` with the same shared cache: the Ray worker running the victim is killed as soon as the
+victim's child starts, and the run gets SIGINT (Ctrl-C) once three rows are written, while the last cell
+runs (it starts when a first cell ends). It writes what happened as JSON to the path it is given (the
+second argument: a short directory for Ray's files).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+PORT = 6379
+HEAD, SECOND = "127.0.0.1", "127.0.0.2"
+MODELS = ["mlp_w64:tiny", "mlp_w128:tiny"]
+VICTIM, LAST = "mlp_w256", "mlp_w512"
+NODE_WAIT_S = 60.0
+
+
+def start_nodes(tmp: Path, ray_tmp: Path) -> subprocess.Popen:
+    """``ray start`` of the head node then the second one, with this interpreter's Ray, in the background
+    (``ray_tmp``: Ray's session directory, short: its socket paths must fit in 107 bytes)."""
+    ray = shlex.quote(str(Path(sys.executable).with_name("ray")))
+    common = f"--num-cpus=1 --disable-usage-stats --temp-dir={shlex.quote(str(ray_tmp))}"
+    script = (f"{ray} start --head --node-ip-address={HEAD} --port={PORT} --include-dashboard=false {common} && "
+              f"{ray} start --address={HEAD}:{PORT} --node-ip-address={SECOND} {common}")
+    return subprocess.Popen(["sh", "-c", script], stdout=(tmp / "ray-start.log").open("w"), stderr=subprocess.STDOUT)
+
+
+def live_nodes(address: str, want: int) -> list[str]:
+    """The addresses of the cluster's live nodes, once ``want`` of them have joined."""
+    import ray
+
+    ray.init(address=address, logging_level="warning", log_to_driver=False)
+    try:
+        deadline = time.monotonic() + NODE_WAIT_S
+        while True:
+            nodes = [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]]
+            if len(nodes) >= want or time.monotonic() > deadline:
+                return nodes
+            time.sleep(0.5)
+    finally:
+        ray.shutdown()
+
+
+def cells_running() -> dict[int, tuple[int, bytes]]:
+    """The live cell children in this PID namespace: pid -> (parent pid, command line)."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            state, ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if b"harness.runner" in cmd and state != "Z":
+            found[int(pid)] = (int(ppid), cmd)
+    return found
+
+
+def saboteur(stop: threading.Event, rows_file: Path, report: dict) -> None:
+    """SIGKILL the Ray worker running the victim's child as soon as it runs; SIGINT this process once
+    three rows are written and the last cell's child runs."""
+    while not stop.is_set():
+        running = cells_running()
+        if "killed_worker" not in report:
+            for ppid, cmd in running.values():
+                if VICTIM.encode() in cmd:
+                    os.kill(ppid, signal.SIGKILL)
+                    report["killed_worker"] = ppid
+        last = [cmd for _, cmd in running.values() if LAST.encode() in cmd]
+        if last and rows_file.exists() and len(rows_file.read_text().splitlines()) >= 3:
+            report["running_at_sigint"] = len(running)
+            os.kill(os.getpid(), signal.SIGINT)
+            return
+        time.sleep(0.1)
+
+
+def rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+
+
+def main(result: Path, ray_tmp: Path) -> None:
+    from harness import netns
+    from harness.cli import main as harness
+
+    tmp = result.parent
+    os.environ["MNCORE_CACHE_DIR"] = str(tmp / "cache")  # the shared compile cache of both runs
+    common = ["run", "--tier", "models", "--steps", "1"]
+    report: dict = {"in_namespace": netns.inside(), "seconds": {}}
+    t0 = time.monotonic()
+    # Nodes first, alone: a node must register within Ray's fixed 30 s, which cells running beside it
+    # on a loaded 2-core machine can make it miss.
+    if start_nodes(tmp, ray_tmp).wait() != 0:
+        log = (tmp / "ray-start.log").read_text()
+        raise RuntimeError(f"ray start failed ({tmp / 'ray-start.log'}):\n{log[-1500:]}")
+    report["nodes"] = live_nodes(f"{HEAD}:{PORT}", 2)
+    netns.check_loopback(report["nodes"])  # the network rule: never run cells on a cluster that breaks it
+    report["seconds"]["nodes"] = time.monotonic() - t0
+    report["local_rc"] = harness([*common, "--models", ",".join(MODELS), "--jobs", "2", "--out", str(tmp / "local")])
+    report["local"] = rows(tmp / "local")
+    report["seconds"]["local"] = time.monotonic() - t0
+    stop = threading.Event()
+    watcher = threading.Thread(target=saboteur, args=(stop, tmp / "ray" / "results.jsonl", report), daemon=True)
+    watcher.start()
+    try:
+        cells = [f"{VICTIM}:tiny", *MODELS, f"{LAST}:tiny"]
+        report["ray_rc"] = harness([*common, "--models", ",".join(cells), "--cluster", f"{HEAD}:{PORT}",
+                                    "--out", str(tmp / "ray")])
+    finally:
+        stop.set()
+    report["seconds"]["ray"] = time.monotonic() - t0
+    time.sleep(2.0)  # a cancelled task's worker is killed asynchronously; its child dies with it
+    report["running_after"] = len(cells_running())
+    report["ray"] = rows(tmp / "ray")
+    report["ray_meta"] = json.loads((tmp / "ray" / "meta.json").read_text())
+    result.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
