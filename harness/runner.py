@@ -17,6 +17,7 @@ import json
 import os
 import statistics
 import sys
+import sysconfig
 import tempfile
 import time
 import traceback
@@ -259,10 +260,11 @@ def _classify(exc: BaseException) -> str:
 
 
 def _portable(text: str) -> str:
-    """``text`` with the ``sys.path`` directories taken off the file names in it: an expected reason
-    (``ci/expected``) must read the same on every machine."""
-    for d in sorted({p.rstrip(os.sep) for p in sys.path if p.rstrip(os.sep)}, key=len, reverse=True):
-        text = text.replace(d + os.sep, "")
+    """``text`` with the checkout's and the installation's directories taken off the file names in it:
+    an expected reason (``ci/expected``) must read the same on every machine."""
+    dirs = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib")} | {str(Path(__file__).parent.parent)}
+    for d in sorted(dirs, key=len, reverse=True):
+        text = text.replace(d.rstrip(os.sep) + os.sep, "")
     return text
 
 

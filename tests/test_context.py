@@ -23,22 +23,12 @@ from mncore.context import (
     CacheOptions, CompiledFunction, Context, InputError, MNCoreAdamW, MNCoreSGD, MNDevice, TensorProxy,
     set_buffer_name_in_optimizer, set_tensor_name, set_tensor_name_in_module, storage,
 )
-from tests.helpers import eager_seed_mlp_train, train
+from tests.helpers import dict_train_step, eager_seed_mlp_train, train
 
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
 RTOL, ATOL = 1e-5, 1e-6  # float32: same kernels, only summation order may differ
-
-def _ce_train_step(model: torch.nn.Module, opt: torch.optim.Optimizer):
-    """The dict -> dict cross-entropy training step the Context API compiles."""
-    def train_step(batch: dict) -> dict:
-        opt.zero_grad()
-        loss = F.cross_entropy(model(batch["x"]), batch["y"])
-        loss.backward()
-        opt.step()
-        return {"loss": loss}
-    return train_step
 
 
 def _assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str = "", rtol: float = RTOL,
@@ -164,7 +154,7 @@ def _context_train(context: Context, model: torch.nn.Module, opt: torch.optim.Op
     set_buffer_name_in_optimizer(opt, "opt")
     context.register_optimizer_buffers(opt)
 
-    train_step = _ce_train_step(model, opt)
+    train_step = dict_train_step(model, opt)
 
     step = context.compile(train_step, batches[0], codegen_dir)
     losses = [step(b)["loss"] for b in batches]
@@ -677,7 +667,7 @@ def test_switching_train_and_eval_contexts(tmp_path):
             eval_ctx.register_param(p)
         train_ctx.register_optimizer_buffers(opt)
 
-        train_step = _ce_train_step(model, opt)
+        train_step = dict_train_step(model, opt)
 
         def eval_step(batch: dict) -> dict:
             with torch.no_grad():

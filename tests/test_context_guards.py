@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from mncore import config
 from mncore.context import Context, MNCoreSGD, MNDevice, set_buffer_name_in_optimizer, set_tensor_name_in_module
 from mncore.errors import GuardError, NotCompilableError
+from tests.helpers import dict_train_step
 
 pytestmark = pytest.mark.unit
 RTOL, ATOL = 1e-5, 1e-6  # float32: same kernels, only summation order may differ
@@ -156,25 +157,12 @@ def test_weakly_referenced_lstm_weights_compile_and_train_like_eager(ctx, tmp_pa
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     _registered(ctx, model, opt)
     weight = model.rnn.weight_ih_l0
-
-    def step(batch: dict) -> dict:
-        opt.zero_grad()
-        loss = F.mse_loss(model(batch["x"]), batch["y"])
-        loss.backward()
-        opt.step()
-        return {"loss": loss}
-
     g = torch.Generator().manual_seed(1)
     batches = [{"x": torch.randn(2, 3, 4, generator=g), "y": torch.randn(2, 1, generator=g)} for _ in range(3)]
-    compiled = ctx.compile(step, batches[0], tmp_path / "lstm")
+    compiled = ctx.compile(dict_train_step(model, opt, F.mse_loss), batches[0], tmp_path / "lstm")
     losses = [compiled(b)["loss"].item() for b in batches]
-    expected = []
-    for b in batches:
-        ref_opt.zero_grad()
-        loss = F.mse_loss(ref(b["x"]), b["y"])
-        loss.backward()
-        ref_opt.step()
-        expected.append(loss.item())
+    ref_step = dict_train_step(ref, ref_opt, F.mse_loss)
+    expected = [ref_step(b)["loss"].item() for b in batches]
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=RTOL, atol=ATOL)
     ctx.synchronize()
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):

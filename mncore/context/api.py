@@ -510,11 +510,8 @@ class _Trace:
         lazy_inputs = {k: _placeholder(leaf) for k, leaf in self.placeholders.items()}
         try:
             out = function(lazy_inputs)
-        except ImplicitSyncError as e:
-            raise RuntimeError(
-                "a compiled function cannot read tensor values on the host (.item(), .cpu(), bool(), "
-                f"data-dependent shapes) because it is compiled once and replayed: {e}"
-            ) from None
+        except ImplicitSyncError as e:  # a write into an unregistered host tensor (host reads become guards)
+            raise RuntimeError(f"a compiled function runs on the device, and {e}") from None
         self._check_optimizers()
         outs = self._outputs(out)
         states = {name: (obj.mn_storage.value, obj.mn_storage.meta) for name, obj in self.twins.items()
