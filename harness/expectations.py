@@ -17,11 +17,12 @@ ROOT = Path(__file__).resolve().parent.parent
 EXPECTED_DIR = ROOT / "ci" / "expected"
 KEY = ["model", "config"]
 EXPECTED_COLUMNS = KEY + ["status", "graphs_per_step", "compiles_after_warmup", "lazy_captured_status",
-                          "lazy_captured_replays_per_step"]
+                          "lazy_captured_replays_per_step", "reason"]
 PERF_COLUMNS = KEY + ["backend", "eager_step_ms", "lazy_step_ms", "context_step_ms", "trace_ms",
                       "lazy_captured_step_ms"]
 # Columns added after files were checked in: a file without them reads them as '' (not measured)
-OPTIONAL = {"lazy_captured_status", "lazy_captured_replays_per_step", "lazy_captured_step_ms"}
+OPTIONAL = {"lazy_captured_status", "lazy_captured_replays_per_step", "lazy_captured_step_ms", "reason"}
+REASONED = ("not_compilable",)  # statuses whose reason is expected too (other reasons hold measured numbers)
 INTEGERS = ["graphs_per_step", "compiles_after_warmup"]
 STATUSES = ["status", "lazy_captured_status"]
 TIMED_MODES = ("lazy", "lazy_captured")  # whose step-time changes are reported against the baseline
@@ -123,6 +124,13 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def _expected(row: dict[str, Any], col: str) -> str:
+    """What ``row`` puts in column ``col`` of an expectations file."""
+    if col == "reason" and row.get("status") not in REASONED:
+        return ""
+    return _text(row.get(col))
+
+
 def check(rows: list[dict[str, Any]], tier: str, backend: str) -> list[str]:
     """Differences from the checked-in expectations (regressions and unexpected improvements alike),
     each naming the file it was judged against."""
@@ -141,7 +149,7 @@ def check(rows: list[dict[str, Any]], tier: str, backend: str) -> list[str]:
             problems.append(f"{path.name}: {key[0]}:{key[1]}: not in the file (new model)")
             continue
         for col in EXPECTED_COLUMNS[2:]:
-            g = _text(r.get(col))
+            g = _expected(r, col)
             if g != e[col]:
                 kind = "change" if col not in STATUSES else "improvement" if g == "pass" else "regression"
                 problems.append(f"{path.name}: {key[0]}:{key[1]}: {col} {e[col]!r} -> {g!r} ({kind})")
@@ -163,7 +171,7 @@ def update(rows: list[dict[str, Any]], tier: str, backend: str) -> list[Path]:
     expected, perf = load_expected(tier, backend), load_perf(tier, backend)  # refuse a corrupt file first
     for r in rows:
         key = (r["model"], r["config"])
-        expected[key] = {c: _text(r.get(c)) for c in EXPECTED_COLUMNS}
+        expected[key] = {c: _expected(r, c) for c in EXPECTED_COLUMNS}
         perf[key] = {c: _text(r.get(c)) for c in PERF_COLUMNS}
     _write(expected_path(tier, backend), EXPECTED_COLUMNS, expected)
     _write(perf_path(tier, backend), PERF_COLUMNS, perf)

@@ -34,6 +34,16 @@ class StaticShapeError(RuntimeError):
     """A graph holds a value whose shape is not known at compile time (emu2/mncore2 need static shapes)."""
 
 
+class NotCompilableError(RuntimeError):
+    """A Context function cannot become one static graph (an op whose output shape depends on values);
+    names the op and the user source line. Run such a step in lazy mode."""
+
+
+class GuardError(RuntimeError):
+    """A value a Context function read on the host at compile time changed at a call, and no further
+    variant may be compiled (``MNCORE_CONTEXT_VARIANTS``); names the read and its source line."""
+
+
 class DeviceOutOfMemoryError(MemoryError):
     """A graph's memory plan does not fit the device DRAM left free by live tensors."""
 

@@ -230,7 +230,9 @@ class ModelRow(Row):
     judged and timed (always measured wall time: pfvm devices execute real kernels)."""
 
     STATUSES: ClassVar[tuple[str, ...]] = ("pass", "fail_accuracy", "fail_to_run", "eager_fail", "timeout", "oom",
-                                           "skipped", "node_lost")
+                                           "skipped", "not_compilable", "node_lost")
+    """``not_compilable``: the Context API cannot compile the step into one static graph (an op whose
+    output shape depends on values); the reason names the op and its source line; lazy mode ran it."""
     FLATTENED: ClassVar[dict[str, str]] = {"lazy": "lazy_", "context": "context_", "lazy_captured": "lazy_captured_"}
 
     repro: str

@@ -82,3 +82,15 @@ def cpu_copy(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return type(x)(cpu_copy(v) for v in x)
     return x
+
+
+def dict_train_step(model: torch.nn.Module, opt: torch.optim.Optimizer,
+                    loss_fn: Callable = torch.nn.functional.cross_entropy) -> Callable[[dict], dict]:
+    """The ``dict -> dict`` training step the Context API compiles (batch keys ``x`` and ``y``)."""
+    def train_step(batch: dict) -> dict:
+        opt.zero_grad()
+        loss = loss_fn(model(batch["x"]), batch["y"])
+        loss.backward()
+        opt.step()
+        return {"loss": loss}
+    return train_step

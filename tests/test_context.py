@@ -23,22 +23,12 @@ from mncore.context import (
     CacheOptions, CompiledFunction, Context, InputError, MNCoreAdamW, MNCoreSGD, MNDevice, TensorProxy,
     set_buffer_name_in_optimizer, set_tensor_name, set_tensor_name_in_module, storage,
 )
-from tests.helpers import eager_seed_mlp_train, train
+from tests.helpers import dict_train_step, eager_seed_mlp_train, train
 
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
 RTOL, ATOL = 1e-5, 1e-6  # float32: same kernels, only summation order may differ
-
-def _ce_train_step(model: torch.nn.Module, opt: torch.optim.Optimizer):
-    """The dict -> dict cross-entropy training step the Context API compiles."""
-    def train_step(batch: dict) -> dict:
-        opt.zero_grad()
-        loss = F.cross_entropy(model(batch["x"]), batch["y"])
-        loss.backward()
-        opt.step()
-        return {"loss": loss}
-    return train_step
 
 
 def _assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str = "", rtol: float = RTOL,
@@ -164,7 +154,7 @@ def _context_train(context: Context, model: torch.nn.Module, opt: torch.optim.Op
     set_buffer_name_in_optimizer(opt, "opt")
     context.register_optimizer_buffers(opt)
 
-    train_step = _ce_train_step(model, opt)
+    train_step = dict_train_step(model, opt)
 
     step = context.compile(train_step, batches[0], codegen_dir)
     losses = [step(b)["loss"] for b in batches]
@@ -406,7 +396,9 @@ def test_invalid_device_lists_valid_ones(ctx, tmp_path, spec):
     _check_add(ctx.compile(_add, _add_sample(), tmp_path / "add"))
 
 
-def test_item_inside_compiled_function_raises(ctx, tmp_path):
+def test_item_inside_compiled_function_is_guarded(ctx, tmp_path):
+    """A branch on ``.item()`` takes the branch of each call's own value (tests/test_context_guards.py has
+    the guards' bound and errors); tracing leaves the host parameters and the sync mode as they were."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
     set_tensor_name_in_module(model, "model")
@@ -420,27 +412,17 @@ def test_item_inside_compiled_function_raises(ctx, tmp_path):
         return {"loss": loss}
 
     mode = mncore.settings.implicit_sync
-    with pytest.raises(RuntimeError, match=r"cannot read tensor values on the host.*\.item\(\)"):
-        ctx.compile(reads_host, {"x": torch.randn(3, 4)}, tmp_path / "item")
-    # the tracing state is restored: host parameters are CPU again, modes unchanged
+    x = torch.randn(3, 4)
+    compiled = ctx.compile(reads_host, {"x": x}, tmp_path / "item")
     assert mncore.settings.implicit_sync == mode
     assert type(model.weight) is torch.nn.Parameter and model.weight.device.type == "cpu"
     assert model.weight.grad is None
-    compiled = ctx.compile(lambda i: {"y": model(i["x"])}, {"x": torch.randn(3, 4)}, tmp_path / "fwd")
-    x = torch.randn(3, 4)
     with torch.no_grad():
-        expected = model(x)
-    _assert_close(compiled({"x": x})["y"].cpu(), expected, "forward after the error")
-    _check_add(ctx.compile(_add, _add_sample(), tmp_path / "add"))
-
-
-def test_item_of_an_input_inside_compiled_function_raises(ctx, tmp_path):
-    def scale_by_item(i: dict) -> dict:
-        return {"out": i["x"] * i["s"].item()}
-
-    # what happens instead: no error, and calling with s=5 multiplies by the sample's 2.0
-    with pytest.raises(RuntimeError, match="cannot read tensor values on the host"):
-        ctx.compile(scale_by_item, {"x": torch.ones(3), "s": torch.tensor(2.0)}, tmp_path / "item")
+        assert (model(x).sum() > 0) != (model(-x).sum() > 0)  # the two samples take different branches
+    for sample in (x, -x, x):
+        with torch.no_grad():
+            expected = reads_host({"x": sample})["loss"]
+        _assert_close(compiled({"x": sample})["loss"].cpu(), expected, "guarded branch")
     _check_add(ctx.compile(_add, _add_sample(), tmp_path / "add"))
 
 
@@ -685,7 +667,7 @@ def test_switching_train_and_eval_contexts(tmp_path):
             eval_ctx.register_param(p)
         train_ctx.register_optimizer_buffers(opt)
 
-        train_step = _ce_train_step(model, opt)
+        train_step = dict_train_step(model, opt)
 
         def eval_step(batch: dict) -> dict:
             with torch.no_grad():

@@ -3,6 +3,7 @@ checks and updates, result files."""
 from __future__ import annotations
 
 import json
+import sysconfig
 import time
 from pathlib import Path
 
@@ -57,6 +58,44 @@ def test_captured_mode_failure_keeps_lazy_and_context_results(tmp_path, monkeypa
     assert left["status"] == left["lazy_captured_status"] == "fail_to_run"
     assert left["reason"].startswith("lazy_captured: the process ended while lazy_captured ran")
     assert left["lazy_losses"] == row.lazy.losses and left["context_losses"] == row.context.losses
+
+
+def test_not_compilable_context_is_its_own_status_with_a_portable_reason(tmp_path, monkeypatch):
+    """A step the Context API cannot compile (NotCompilableError) is ``not_compilable``, not a failure: the
+    other modes still run and pass, the exit code is 0, and the reason names files without this machine's
+    sys.path directories (ci/expected records it)."""
+    from mncore.errors import NotCompilableError
+
+    site = Path(sysconfig.get_paths()["purelib"]) / "pkg" / "moe.py"
+
+    def not_compilable(*args):
+        raise NotCompilableError(f"mncore: _grouped_mm at {site}:3 in route: its output shape is not known")
+
+    monkeypatch.setattr(runner, "run_context", not_compilable)
+    out = tmp_path / "row.json"
+    assert runner.main(["--model", "mlp_w64", "--config", "tiny", "--steps", "1", "--out", str(out)]) == 0
+    row = ModelRow.from_json(json.loads(out.read_text()), where=str(out))
+    assert row.status == "not_compilable", row
+    assert row.reason == ("context: NotCompilableError: mncore: _grouped_mm at pkg/moe.py:3 in route: "
+                          "its output shape is not known"), row.reason
+    assert row.lazy_captured.status == "pass" and len(row.lazy.losses) == 1
+
+
+def test_not_compilable_is_expected_with_its_reason(tmp_path, monkeypatch):
+    """ci/expected keeps a not_compilable row's reason and checks it; other rows' reasons (measured
+    numbers) stay out of the file."""
+    monkeypatch.setattr(expectations, "EXPECTED_DIR", tmp_path)
+    base = {"config": "tiny", "backend": "pfvm:cpu", "graphs_per_step": 1, "compiles_after_warmup": 0,
+            "lazy_captured_status": "pass", "lazy_captured_replays_per_step": 1.0}
+    moe = dict(base, model="moe", status="not_compilable", reason="context: NotCompilableError: _grouped_mm ...")
+    drift = dict(base, model="mlp", status="fail_accuracy", reason="lazy vs eager: max abs err 0.31")
+    expectations.update([moe, drift], "models", "pfvm:cpu")
+    got = expectations.load_expected("models", "pfvm:cpu")
+    assert got[("moe", "tiny")]["reason"] == moe["reason"] and got[("mlp", "tiny")]["reason"] == ""
+    assert expectations.check([moe, dict(drift, reason="lazy vs eager: max abs err 0.42")], "models", "pfvm:cpu") == []
+    found = expectations.check([dict(moe, reason="context: NotCompilableError: nonzero ..."), drift],
+                               "models", "pfvm:cpu")
+    assert len(found) == 1 and "moe:tiny: reason" in found[0], found
 
 
 def test_captured_mode_records_why_capture_refused_a_step():

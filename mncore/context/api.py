@@ -1,11 +1,12 @@
 """The Context API (MLSDK style): compile a ``dict -> dict`` step once, then call it with no tracing.
 
-Compiling traces the function with the lazy tracer: every registered tensor is temporarily
-swapped (``torch.utils.swap_tensors``) with a lazy twin holding its device value, so the model
-and optimizer the function closes over operate on device tensors; the sample inputs become
-lazy placeholders. The resulting graph goes through the same graph key, compile cache and
-executor as lazy mode. A call binds inputs and registered values to the executable's
-placeholders and submits one job: no op is traced.
+Compiling traces the function with the lazy tracer: every registered tensor is temporarily bound
+to a lazy twin holding its device value (``bind``: swapped, or substituted where weak references
+forbid a swap), so the model and optimizer the function closes over operate on device tensors;
+the sample inputs become lazy placeholders. Values the function reads on the host are computed
+from the sample and guarded (``guards``). The resulting graph goes through the same graph key,
+compile cache and executor as lazy mode. A call binds inputs and registered values to the
+executable's placeholders and submits one job: no op is traced.
 """
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import os
 import pathlib
 import traceback
 import warnings
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -25,10 +25,12 @@ from mncore import config
 from mncore.cache import disk as disk_cache
 from mncore.compile import codegen
 from mncore.config import settings
+from mncore.context.bind import Binder
+from mncore.context.guards import GuardRecorder
 from mncore.context.naming import get_tensor_name, set_tensor_name
 from mncore.context.storage import CacheOptions
 from mncore.devices import Device, parse
-from mncore.errors import ImplicitSyncError, InputError
+from mncore.errors import GuardError, ImplicitSyncError, InputError
 from mncore.execute import Job, executor
 from mncore.ir.meta import TensorMeta, meta_of
 from mncore.ir.values import Data, Node, Seed
@@ -127,27 +129,42 @@ class _Binding:
     key: Any  # input key, registered name, or the constant Data leaf
 
 
-class CompiledFunction:
-    """Calling it with a dict submits one job asynchronously and returns a dict of TensorProxy."""
+@dataclass(eq=False)
+class _Variant:
+    """One compiled graph of a function: what it binds, what it returns and updates, and its guards
+    (``(spec, Guard)``: a spec like an output's, naming where the call finds the guarded value)."""
 
-    def __init__(self, context: Context, exe: Any, bindings: list[_Binding], scalars: list, out_specs: dict,
-                 state_updates: dict[str, int], node_metas: list, input_specs: dict, codegen_dir: pathlib.Path):
+    exe: Any
+    bindings: list[_Binding]
+    scalars: list
+    out_specs: dict
+    state_updates: dict[str, int]
+    node_metas: list
+    guards: list[tuple]
+    codegen_dir: pathlib.Path
+
+
+class CompiledFunction:
+    """Calling it with a dict submits one job and returns a dict of TensorProxy.
+
+    A call is asynchronous unless the function read values on the host while it compiled: then the
+    call waits for its guard values (see ``mncore.context.guards``) and, when one changed, reruns the
+    call on the variant compiled for the new values, compiling it first if there is none
+    (``MNCORE_CONTEXT_VARIANTS`` bounds the variants; past it, ``GuardError``).
+    """
+
+    def __init__(self, context: Context, function: Callable, input_specs: dict, options: dict, first: _Variant):
         self._context = context
-        self._exe = exe
-        self._bindings = bindings
-        self._scalars = scalars
-        self._out_specs = out_specs
-        self._state_updates = state_updates
-        self._node_metas = node_metas
+        self._function = function
+        self._options = options
         self.input_specs = input_specs
-        self.codegen_dir = codegen_dir
+        self.variants: list[_Variant] = [first]
+        self.codegen_dir = first.codegen_dir
 
     @property
     def output_specs(self) -> dict:
-        return {k: self._spec_meta(spec) for k, spec in self._out_specs.items()}
-
-    def _spec_meta(self, spec: tuple) -> tuple:
-        return self._node_metas[spec[1]] if spec[0] == "node" else spec[2]
+        v = self.variants[0]
+        return {k: _spec_meta(v, spec) for k, spec in v.out_specs.items()}
 
     def allocate_input_proxy(self) -> dict[str, TensorProxy]:
         """Device-side input slots (zero-filled) to fill with ``load_from``."""
@@ -181,33 +198,88 @@ class CompiledFunction:
     def __call__(self, inputs: dict) -> dict[str, TensorProxy]:
         Context.switch_context(self._context)
         bound = self._bind_inputs(inputs)
-        ctx = self._context
-        leaves = []
-        for b in self._bindings:
-            if b.kind == "input":
-                leaves.append(bound[b.key])
-            elif b.kind == "state":
-                leaves.append(ctx._value(b.key))
-            else:
-                leaves.append(b.key)
-        scalars = [_fresh_seed() if isinstance(s, Seed) else s.value for s in self._scalars]
-        outs = [Data(m) for m in self._node_metas]
+        if not self.variants[0].guards:
+            return self._commit(self.variants[0], bound, self._submit(self.variants[0], bound))
+        changed = []
+        for v in list(self.variants):
+            outs = self._submit(v, bound)
+            broken = self._broken_guard(v, bound, outs)
+            if broken is None:
+                if v is not self.variants[0]:  # the next call tries it first
+                    self.variants.remove(v)
+                    self.variants.insert(0, v)
+                return self._commit(v, bound, outs)
+            changed.append(broken)
+        limit = config.get("context_variants")
+        if len(self.variants) >= limit:
+            raise GuardError(
+                f"Context function {_name(self._function)}: {changed[0]} changed, and the {len(self.variants)} "
+                f"variant(s) compiled so far (MNCORE_CONTEXT_VARIANTS={limit}) were all compiled for other values; "
+                "this call did not run. Pass the value as an input and branch on the device (torch.where), "
+                "or raise MNCORE_CONTEXT_VARIANTS")
+        v = self._context._compile_variant(self._function, bound, self.input_specs, self._options,
+                                           self.codegen_dir / f"variant{len(self.variants)}")
+        outs = self._submit(v, bound)
+        broken = self._broken_guard(v, bound, outs)
+        if broken is not None:
+            raise GuardError(f"Context function {_name(self._function)}: {broken} differs between the compile-time "
+                             "evaluation and the compiled graph on the same inputs (a float read whose last bits "
+                             "depend on how the graph is fused?); read it outside the function")
+        self.variants.insert(0, v)
+        return self._commit(v, bound, outs)
+
+    def _submit(self, v: _Variant, bound: dict[str, Data]) -> list[Data]:
+        """Run ``v`` on the bound inputs; its outputs (the state is updated only by ``_commit``)."""
+        leaves = [_leaf_of(self._context, b, bound) for b in v.bindings]
+        scalars = [_fresh_seed() if isinstance(s, Seed) else s.value for s in v.scalars]
+        outs = [Data(m) for m in v.node_metas]
         for o in outs:
-            o.graph = self._exe.name if self._exe else None
-        if self._exe is not None:
-            executor.submit(Job(exe=self._exe, leaves=leaves, scalars=scalars, outs=outs))
-        for name, i in self._state_updates.items():
+            o.graph = v.exe.name if v.exe else None
+        if v.exe is not None:
+            executor.submit(Job(exe=v.exe, leaves=leaves, scalars=scalars, outs=outs))
+        return outs
+
+    def _broken_guard(self, v: _Variant, bound: dict[str, Data], outs: list[Data]) -> str | None:
+        """Waits for ``v``'s guard values; describes the first that changed (None: all hold)."""
+        for spec, guard in v.guards:
+            leaf = outs[spec[1]] if spec[0] == "node" else _leaf_of(self._context, spec[1], bound)
+            value = leaf.wait()
+            if not guard.holds(value):
+                return (f"{guard.describe()} (compiled for {_short(guard.expected)}, "
+                        f"got {_short(value.to('cpu', dtype=guard.expected.dtype))})")
+        return None
+
+    def _commit(self, v: _Variant, bound: dict[str, Data], outs: list[Data]) -> dict[str, TensorProxy]:
+        ctx = self._context
+        for name, i in v.state_updates.items():
             outs[i].fallback = ctx._value(name)  # a failed call keeps the last good value
             ctx._values[name] = outs[i]
         result = {}
-        for k, spec in self._out_specs.items():
+        for k, spec in v.out_specs.items():
             if spec[0] == "node":
-                result[k] = TensorProxy(outs[spec[1]], self._node_metas[spec[1]])
+                result[k] = TensorProxy(outs[spec[1]], v.node_metas[spec[1]])
             else:
-                b = spec[1]
-                leaf = bound[b.key] if b.kind == "input" else ctx._value(b.key) if b.kind == "state" else b.key
-                result[k] = TensorProxy(leaf, spec[2])
+                result[k] = TensorProxy(_leaf_of(ctx, spec[1], bound), spec[2])
         return result
+
+
+def _spec_meta(v: _Variant, spec: tuple) -> tuple:
+    return v.node_metas[spec[1]] if spec[0] == "node" else spec[2]
+
+
+def _leaf_of(ctx: Context, b: _Binding, bound: dict[str, Data]) -> Data:
+    """The value a binding names at this call."""
+    if b.kind == "input":
+        return bound[b.key]
+    return ctx._value(b.key) if b.kind == "state" else b.key
+
+
+def _name(function: Callable) -> str:
+    return repr(getattr(function, "__qualname__", type(function).__name__))
+
+
+def _short(t: torch.Tensor) -> str:
+    return repr(t.item()) if t.numel() == 1 else f"a {list(t.shape)} {str(t.dtype).replace('torch.', '')} tensor"
 
 
 def _fresh_seed() -> int:
@@ -330,10 +402,15 @@ class Context:
                              "program.txt and graph.py)")
         Context.switch_context(self)
         self.cache_options = cache_options
-        codegen_dir = pathlib.Path(codegen_dir)
         input_specs = {k: meta_of(v) for k, v in inputs.items()}
         placeholders = {k: upload(v) for k, v in inputs.items()}
-        trace = _Trace(self, placeholders)
+        first = self._compile_variant(function, placeholders, input_specs, options, pathlib.Path(codegen_dir))
+        return CompiledFunction(self, function, input_specs, options, first)
+
+    def _compile_variant(self, function: Callable, placeholders: dict[str, Data], input_specs: dict, options: dict,
+                         codegen_dir: pathlib.Path) -> _Variant:
+        """Trace ``function`` on ``placeholders`` (the sample, or a call's inputs when a guard changed)."""
+        trace = _Trace(self, placeholders, options)
         outs, states, consts = trace.run(function)
         return trace.finish(outs, states, consts, input_specs, options, codegen_dir)
 
@@ -360,18 +437,20 @@ def _check_dict(d: Any, what: str) -> None:
 
 
 class _Trace:
-    """One tracing session: swaps registered tensors with lazy twins and restores them afterwards.
+    """One tracing session: binds registered tensors to lazy twins (``bind.Binder``) and back afterwards.
 
     Everything that needs the lazy view of the world (output values, registered tensors' final
-    values) is read while the twins are still swapped in; the autograd graph of the outputs is
-    dropped before restoring, because saved tensors pin the swapped objects.
+    values) is read while the twins are still bound; the autograd graph of the outputs is
+    dropped before restoring, because saved tensors pin the swapped objects. Host reads are
+    answered from the sample and become guards (``guards.GuardRecorder``).
     """
 
-    def __init__(self, context: Context, placeholders: dict[str, Data]):
+    def __init__(self, context: Context, placeholders: dict[str, Data], options: dict):
         self.ctx = context
         self.placeholders = placeholders
         self.twins: dict[str, LazyTensor] = {}
         self.initial: dict[str, tuple] = {}
+        self.reads = GuardRecorder(tuple(sorted(options.items())))
         self.opt_snapshot = [(o, {p: dict(st) for p, st in o.state.items()}) for o in context._optimizers]
 
     def _twin(self, name: str, host: torch.Tensor) -> LazyTensor:
@@ -387,23 +466,25 @@ class _Trace:
 
     def run(self, function: Callable) -> tuple[dict, dict, list]:
         """Trace ``function``; returns (output refs+metas, state update refs+metas, frozen constants)."""
-        swapped: list[tuple[torch.Tensor, LazyTensor]] = []
+        binder = Binder()
         failure: BaseException | None = None
         result = None
         scope = contextlib.ExitStack()
-        self.consts = scope.enter_context(separate_trace())
+        self.consts = scope.enter_context(separate_trace(host_read=self.reads))
         scope.enter_context(config.scoped(implicit_sync="error"))
         try:
+            weakly_held = []
             for name, host in self.ctx._registry.items():
-                if weakref.getweakrefcount(host):
-                    raise RuntimeError(
-                        f"cannot compile with registered tensor {name!r}: something holds a weak reference to it "
-                        "(nn.LSTM/nn.GRU keep weak references to their weights), and torch.utils.swap_tensors, "
-                        "which compiling uses to trace the function on device values, refuses such tensors")
                 twin = self._twin(name, host)
-                torch.utils.swap_tensors(host, twin)
-                swapped.append((host, twin))
-                self.twins[name] = host  # the host object holds the lazy twin while swapped
+                if binder.swappable(host):
+                    binder.swap(host, twin)
+                    self.twins[name] = host  # the host object holds the lazy twin while swapped
+                else:
+                    weakly_held.append((host, twin))
+                    self.twins[name] = twin
+            if weakly_held:
+                binder.substitute(weakly_held, keep=(self.ctx._registry,))
+            del weakly_held
             result = self._trace(function)
         except BaseException as e:  # noqa: BLE001 - re-raised below, after the host tensors are back
             failure = e
@@ -415,12 +496,7 @@ class _Trace:
             e.add_note(f"traceback of the compile-time failure:\n{note}")
             gc.collect()
         finally:
-            errors = []
-            for host, twin in reversed(swapped):
-                try:
-                    torch.utils.swap_tensors(host, twin)
-                except Exception as e:  # noqa: BLE001 - restore the rest, then report
-                    errors.append(f"{get_tensor_name(twin) or get_tensor_name(host)}: {e}")
+            errors = binder.restore()
             scope.close()
             if errors:
                 raise RuntimeError("Context.compile could not give registered tensors back to the host: "
@@ -434,11 +510,8 @@ class _Trace:
         lazy_inputs = {k: _placeholder(leaf) for k, leaf in self.placeholders.items()}
         try:
             out = function(lazy_inputs)
-        except ImplicitSyncError as e:
-            raise RuntimeError(
-                "a compiled function cannot read tensor values on the host (.item(), .cpu(), bool(), "
-                f"data-dependent shapes) because it is compiled once and replayed: {e}"
-            ) from None
+        except ImplicitSyncError as e:  # a write into an unregistered host tensor (host reads become guards)
+            raise RuntimeError(f"a compiled function runs on the device, and {e}") from None
         self._check_optimizers()
         outs = self._outputs(out)
         states = {name: (obj.mn_storage.value, obj.mn_storage.meta) for name, obj in self.twins.items()
@@ -492,6 +565,8 @@ class _Trace:
             else:
                 out_specs[k] = ("leaf", leaf_binding.get(id(ref[0]), _Binding("const", ref[0])), meta)
         state_updates = {name: add_ref(ref, meta) for name, (ref, meta) in states.items() if type(ref[0]) is Node}
+        guards = [(("node", add_ref(g.ref, g.meta)) if type(g.ref[0]) is Node else
+                   ("leaf", leaf_binding.get(id(g.ref[0]), _Binding("const", g.ref[0]))), g) for g in self.reads.guards]
         cache = self.ctx.cache_options
         with disk_cache.using(cache.path if cache else None, read_only=bool(cache and cache.read_only)):
             exe, leaves, scalars = (graph_for(refs, options=tuple(sorted(options.items()))) if refs else (None, [], []))
@@ -500,9 +575,9 @@ class _Trace:
             warnings.warn("Context.compile: these tensors are read by the function but are neither inputs nor "
                           "registered, so their current values are frozen into the compiled function: "
                           + ", ".join(dict.fromkeys(consts)), stacklevel=3)
-        _write_codegen_dir(codegen_dir, exe, bindings, input_specs, out_specs, metas, state_updates, options, consts)
-        return CompiledFunction(self.ctx, exe, bindings, scalars, out_specs, state_updates, metas, input_specs,
-                                codegen_dir)
+        _write_codegen_dir(codegen_dir, exe, bindings, input_specs, out_specs, metas, state_updates, options, consts,
+                           guards)
+        return _Variant(exe, bindings, scalars, out_specs, state_updates, metas, guards, codegen_dir)
 
 
 def _placeholder(leaf: Data) -> LazyTensor:
@@ -514,9 +589,10 @@ def _spec_json(meta: tuple) -> dict:
 
 
 def _write_codegen_dir(path: pathlib.Path, exe: Any, bindings: list, input_specs: dict, out_specs: dict,
-                       metas: list, state_updates: dict, options: dict, consts: list) -> None:
+                       metas: list, state_updates: dict, options: dict, consts: list, guards: list) -> None:
     """The compiler's manifest with the Context's names for every input and output slot."""
     extra = {"options": options, "frozen_constants": consts, "state_updates": sorted(state_updates),
+             "guards": [g.summary() for _, g in guards],
              "input_specs": {k: _spec_json(m) for k, m in input_specs.items()},
              "output_specs": {k: _spec_json(metas[s[1]] if s[0] == "node" else s[2]) for k, s in out_specs.items()}}
     if exe is None:
@@ -526,5 +602,6 @@ def _write_codegen_dir(path: pathlib.Path, exe: Any, bindings: list, input_specs
     input_names = {i: (b.key if b.kind != "const" else f"constant{next(consts_seen)}") for i, b in enumerate(bindings)}
     output_names = {s[1]: k for k, s in out_specs.items() if s[0] == "node"}
     output_names.update({i: f"{name} (updated)" for name, i in state_updates.items()})
+    output_names.update({s[1]: f"guard {g.read} at {g.site}" for s, g in guards if s[0] == "node"})
     codegen.write(path, exe, codegen.manifest(exe, settings.device, input_names, output_names, extra),
                   onnx=config.get("codegen_onnx"))

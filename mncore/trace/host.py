@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from mncore.config import settings
-from mncore.errors import ImplicitSyncError, ImplicitSyncWarning, StaticShapeError
+from mncore.errors import ImplicitSyncError, ImplicitSyncWarning, NotCompilableError, StaticShapeError
 from mncore.ir.meta import meta_of
 from mncore.ir.values import Data, Node, describe_site
 from mncore.observe import metrics
@@ -53,7 +53,9 @@ def implicit_sync(reason: str) -> None:
 def realize(t: LazyTensor, reason: str) -> torch.Tensor:
     """The concrete tensor (on the execution device) behind ``t``; syncs implicitly if pending."""
     if tracer.capture is not None:  # Context API tracing: even a ready value would be baked in
-        raise ImplicitSyncError(f"{reason} reads a tensor value while a Context function is being compiled")
+        if tracer.host_read is None:
+            raise ImplicitSyncError(f"{reason} reads a tensor value while a Context function is being compiled")
+        return tracer.host_read(t, reason)
     if tracer.recording is not None:
         tracer.recording.refuse(f"{reason} reads a tensor value on the host")
     st = t.mn_storage
@@ -64,9 +66,13 @@ def realize(t: LazyTensor, reason: str) -> torch.Tensor:
     buf = leaf.wait()
     for op, args, _ in t.mn_chain:
         buf = views.apply_eager(op, args, buf)
-    shape, stride, dtype = t.mn_meta
-    # kernels may pick other layouts, and the 'double' precision policy keeps float32 values in
-    # float64 on the device: hand back the traced layout and dtype
+    return as_traced(buf, t.mn_meta)
+
+
+def as_traced(buf: torch.Tensor, meta: Any) -> torch.Tensor:
+    """``buf`` in the traced layout and dtype: kernels may pick other layouts, and the 'double'
+    precision policy keeps float32 values in float64 on the device."""
+    shape, stride, dtype = meta
     if (buf.stride() != stride and buf.numel() > 1) or buf.dtype != dtype:
         buf = torch.empty_strided(shape, stride, dtype=dtype, device=buf.device).copy_(buf)
     return buf
@@ -98,6 +104,11 @@ def fallback(info: Any, func: Any, args: tuple, kwargs: dict, why: str) -> Any:
 
     Not on the simulated MN-Core devices: their compiler needs every shape fixed in advance.
     """
+    if tracer.capture is not None:
+        raise NotCompilableError(
+            f"mncore: {info.name} at {describe_site(user_site())}: its output shape is not known before it runs "
+            f"({why}); a Context function compiles to one graph with static shapes, so it cannot hold this op: "
+            "run the step in lazy mode (.to('mncore') and mncore.sync()), which runs such ops eagerly")
     if settings.static_shapes:
         raise StaticShapeError(
             f"mncore: {info.name} has a data-dependent output shape ({why}); {settings.device} compiles graphs "

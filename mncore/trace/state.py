@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 from mncore.ir.values import OpSig, Seed, Site
 from mncore.trace.sites import user_site
@@ -42,6 +42,7 @@ class Tracer:
         self.sig_cache: dict[tuple, OpSig] = {}
         self.record_frames = False
         self.capture: list | None = None  # Context API tracing: host tensors read become constants
+        self.host_read: Callable[[Any, str], Any] | None = None  # Context API tracing: evaluates (and guards) a read
         self.freeze_at_reuse = False  # MNCORE_GC_FREEZE: freeze again once a step repeats (see sync)
         self.recording: Recording | None = None  # set while mncore.capture records a step
 
@@ -50,15 +51,18 @@ tracer = Tracer()
 
 
 @contextlib.contextmanager
-def separate_trace() -> Iterator[list[str]]:
+def separate_trace(host_read: Callable[[Any, str], Any] | None = None) -> Iterator[list[str]]:
     """Trace in a scope of its own (the Context API's compile): what is pending outside stays
-    pending and out of this graph; yields the list that collects the host tensors read."""
+    pending and out of this graph; yields the list that collects the host tensors read.
+    ``host_read(tensor, reason)`` answers host reads of traced values (None: they raise)."""
     saved_pending = tracer.pending
     tracer.pending = weakref.WeakSet()
     tracer.capture = []
+    tracer.host_read = host_read
     try:
         yield tracer.capture
     finally:
         tracer.capture = None
+        tracer.host_read = None
         tracer.pending = saved_pending
         tracer.epoch += 1

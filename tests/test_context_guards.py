@@ -1,0 +1,186 @@
+"""The Context API where one compiled graph is not the whole story: values read on the host inside the
+function (guards, variants, their bound), weakly referenced weights, and data-dependent shapes."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mncore import config
+from mncore.context import Context, MNCoreSGD, MNDevice, set_buffer_name_in_optimizer, set_tensor_name_in_module
+from mncore.errors import GuardError, NotCompilableError
+from tests.helpers import dict_train_step
+
+pytestmark = pytest.mark.unit
+RTOL, ATOL = 1e-5, 1e-6  # float32: same kernels, only summation order may differ
+
+
+@pytest.fixture
+def ctx():
+    """A fresh context; afterwards a fresh empty one becomes current, so its values go back to the host."""
+    context = Context(MNDevice("pfvm:cpu"))
+    yield context
+    Context.switch_context(Context(MNDevice("pfvm:cpu")))
+
+
+def _registered(ctx: Context, model: torch.nn.Module, opt: torch.optim.Optimizer | None = None) -> None:
+    set_tensor_name_in_module(model, "model")
+    for p in model.parameters():
+        ctx.register_param(p)
+    if opt is not None:
+        set_buffer_name_in_optimizer(opt, "opt")
+        ctx.register_optimizer_buffers(opt)
+
+
+def _masked_step(model: torch.nn.Module, opt: torch.optim.Optimizer):
+    """A training step that branches on a host read of its mask, as transformers' attention-mask checks do."""
+    def step(batch: dict) -> dict:
+        opt.zero_grad()
+        h = model(batch["x"])
+        if (batch["mask"] == 0).any():  # the host read: a guard
+            h = h.masked_fill(batch["mask"] == 0, 0.0)
+        else:
+            h = h * 0.5
+        loss = F.cross_entropy(h, batch["y"])
+        loss.backward()
+        opt.step()
+        return {"loss": loss}
+    return step
+
+
+def _batches(masks: list[bool]) -> list[dict]:
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for has_zero in masks:
+        mask = torch.ones(6, 3)
+        if has_zero:
+            mask[1, 2] = 0
+        out.append({"x": torch.randn(6, 4, generator=g), "y": torch.randint(0, 3, (6,), generator=g), "mask": mask})
+    return out
+
+
+def _models():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    return model, copy.deepcopy(model)
+
+
+def test_changed_branch_recompiles_and_trains_like_eager(ctx, tmp_path):
+    """The branch flips at every call: each call runs the variant of its own branch, the state only ever
+    takes the right variant's update (a wrong variant's run is discarded), and the variants stay two."""
+    model, ref = _models()
+    opt, ref_opt = MNCoreSGD(model.parameters(), lr=0.5, momentum=0.9), torch.optim.SGD(ref.parameters(), lr=0.5,
+                                                                                       momentum=0.9)
+    _registered(ctx, model, opt)
+    batches = _batches([False, True, False, True, True])
+    compiled = ctx.compile(_masked_step(model, opt), batches[0], tmp_path / "step")
+    manifest = json.loads((tmp_path / "step" / "manifest.json").read_text())
+    assert [g["read"] for g in manifest["guards"]] == [".item()/bool()/float()"]
+    assert manifest["guards"][0]["site"].startswith(__file__)
+    losses = [compiled(b)["loss"].item() for b in batches]
+    ref_step = _masked_step(ref, ref_opt)
+    expected = [ref_step(b)["loss"].item() for b in batches]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=RTOL, atol=ATOL)
+    ctx.synchronize()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=RTOL, atol=ATOL, msg=lambda m: f"{name}: {m}")
+    assert len(compiled.variants) == 2
+    assert (tmp_path / "step" / "variant1" / "manifest.json").exists()
+
+
+def test_changed_guard_past_the_bound_raises_naming_the_read(ctx, tmp_path):
+    """MNCORE_CONTEXT_VARIANTS=1: a changed guard is an error naming the read and its line; the call did
+    not run (the state is untouched) and a call matching the compiled branch still works."""
+    model, ref = _models()
+    opt = MNCoreSGD(model.parameters(), lr=0.5)
+    _registered(ctx, model, opt)
+    ok, flipped = _batches([False, True])
+    compiled = ctx.compile(_masked_step(model, opt), ok, tmp_path / "step")
+    with config.override(context_variants=1), pytest.raises(GuardError) as err:
+        compiled(flipped)
+    msg = str(err.value)
+    assert "bool()" in msg and f"{__file__}:" in msg and "in step" in msg, msg
+    assert "compiled for False, got True" in msg and "MNCORE_CONTEXT_VARIANTS=1" in msg, msg
+    ctx.synchronize()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)  # nothing ran: bit-identical to the initial weights
+    compiled(ok)
+    ctx.synchronize()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    _masked_step(ref, ref_opt)(ok)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=RTOL, atol=ATOL)
+
+
+def test_item_of_an_input_is_guarded_with_bounded_variants(ctx, tmp_path):
+    """A scalar read with .item() and used in the graph: each new value is a variant, up to the bound."""
+    def scale_by_item(i: dict) -> dict:
+        return {"out": i["x"] * i["s"].item()}
+
+    x = torch.randn(3)
+    compiled = ctx.compile(scale_by_item, {"x": x, "s": torch.tensor(2.0)}, tmp_path / "item")
+    with config.override(context_variants=3):
+        for s in (5.0, 2.0, -1.5, 5.0):
+            torch.testing.assert_close(compiled({"x": x, "s": torch.tensor(s)})["out"].cpu(), x * s)
+        assert len(compiled.variants) == 3
+        with pytest.raises(GuardError, match=r"\.item\(\).*compiled for"):
+            compiled({"x": x, "s": torch.tensor(7.0)})
+
+
+def test_unguarded_function_stays_asynchronous_with_one_variant(ctx, tmp_path):
+    compiled = ctx.compile(lambda i: {"y": i["x"] * 2}, {"x": torch.randn(3)}, tmp_path / "plain")
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled({"x": x})["y"].cpu(), x * 2)
+    assert len(compiled.variants) == 1 and compiled.variants[0].guards == []
+
+
+class _LSTMRegressor(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = torch.nn.LSTM(4, 5, batch_first=True)
+        self.head = torch.nn.Linear(5, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(x)[0][:, -1])
+
+
+def test_weakly_referenced_lstm_weights_compile_and_train_like_eager(ctx, tmp_path):
+    """nn.LSTM keeps weak references to its weights (swap_tensors refuses them): they are substituted
+    while tracing; training matches eager and the module, optimizer and weak references are the host's again."""
+    torch.manual_seed(0)
+    model = _LSTMRegressor()
+    ref = copy.deepcopy(model)
+    opt = MNCoreSGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    _registered(ctx, model, opt)
+    weight = model.rnn.weight_ih_l0
+    g = torch.Generator().manual_seed(1)
+    batches = [{"x": torch.randn(2, 3, 4, generator=g), "y": torch.randn(2, 1, generator=g)} for _ in range(3)]
+    compiled = ctx.compile(dict_train_step(model, opt, F.mse_loss), batches[0], tmp_path / "lstm")
+    losses = [compiled(b)["loss"].item() for b in batches]
+    ref_step = dict_train_step(ref, ref_opt, F.mse_loss)
+    expected = [ref_step(b)["loss"].item() for b in batches]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=RTOL, atol=ATOL)
+    ctx.synchronize()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=RTOL, atol=ATOL, msg=lambda m: f"{name}: {m}")
+    assert model.rnn.weight_ih_l0 is weight and type(weight) is torch.nn.Parameter
+    assert opt.param_groups[0]["params"][0] is weight and weight in opt.state
+    x = torch.randn(2, 3, 4)
+    torch.testing.assert_close(model(x), ref(x), rtol=RTOL, atol=ATOL)  # the host module works eagerly again
+
+
+def test_data_dependent_shape_is_not_compilable(ctx, tmp_path):
+    model, _ = _models()
+    _registered(ctx, model)
+
+    def route(i: dict) -> dict:
+        h = model(i["x"])
+        return {"picked": h[h.sum(1) > 0].sum()}  # boolean indexing: its shape depends on values
+
+    with pytest.raises(NotCompilableError, match=r"guards\.py:\d+ in route: its output shape is not known"):
+        ctx.compile(route, {"x": torch.randn(5, 4)}, tmp_path / "route")
+    assert type(model.weight) is torch.nn.Parameter and model.weight.device.type == "cpu"
