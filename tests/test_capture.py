@@ -956,3 +956,29 @@ def test_capture_forms_and_bad_arguments():
     assert mncore.metrics.counters()["replays"] - before == 2
     for o in outs:
         torch.testing.assert_close(o.cpu(), x * 2)
+
+
+def test_call_structure_walks_arguments_in_pytree_order():
+    """The call key's own walk of tuples, lists and dicts gives pytree's leaves in pytree's order (replays
+    bind arguments by position), hands other containers to pytree, and tells structures apart."""
+    from collections import OrderedDict, namedtuple
+
+    from torch.utils import _pytree as pytree
+
+    from mncore.capture.api import _flatten
+
+    Pair = namedtuple("Pair", "a b")
+    x, y, z = torch.ones(1), torch.zeros(2), torch.ones(3)
+    tree = ((x, [y, {"k": z, "n": 3}], Pair(y, 1.5), OrderedDict(q=x)), {"lr": None, "name": "s"})
+    leaves: list = []
+    structure = _flatten(tree, leaves)
+    expected, _ = pytree.tree_flatten(tree)
+    assert len(leaves) == len(expected) and all(a is b for a, b in zip(leaves, expected))
+
+    def structure_of(t):
+        return _flatten(t, [])
+
+    assert structure_of(tree) == structure
+    assert structure_of(((x, y), {})) != structure_of(([x, y], {}))  # a list is not a tuple
+    assert structure_of(({"a": x, "b": y},)) != structure_of(({"b": y, "a": x},))  # keys in order, as pytree
+    assert structure_of((Pair(x, y),)) != structure_of(((x, y),))

@@ -75,7 +75,8 @@ class Captured:
         require_init()
         if tracer.recording is not None:  # called by a step another capture records: part of that step
             return self.fn(*args, **kwargs)
-        leaves, spec = pytree.tree_flatten((args, kwargs))
+        leaves: list = []
+        spec = _flatten((args, kwargs), leaves)
         roots = self.world.roots(self.fn, leaves)
         key = (registry.active(), settings.device, settings.float_dtype, spec, tuple(_arg_key(x) for x in leaves),
                _aliases(leaves), roots, self.world.key())
@@ -159,6 +160,25 @@ class Captured:
     def reset(self) -> None:
         """Forget every recording (the next call records afresh)."""
         self.entries.clear()
+
+
+def _flatten(tree: Any, leaves: list) -> Any:
+    """Append the leaves of ``tree`` to ``leaves`` in pytree's order; return its structure (to key on).
+
+    Tuples, lists and dicts (what steps are called with) are walked here, several times faster than
+    ``pytree.tree_flatten``; tensors and plain values are leaves; anything else (a namedtuple, a
+    registered class) goes through torch's pytree, whose spec is then part of the structure."""
+    t = type(tree)
+    if t is tuple or t is list:
+        return t, tuple([_flatten(x, leaves) for x in tree])
+    if t is dict:
+        return dict, tuple(tree), tuple([_flatten(x, leaves) for x in tree.values()])
+    if isinstance(tree, torch.Tensor) or t in (int, float, bool, str) or tree is None:
+        leaves.append(tree)
+        return None
+    sub, spec = pytree.tree_flatten(tree)
+    leaves.extend(sub)
+    return spec
 
 
 def _arg_key(x: Any) -> tuple:
