@@ -33,6 +33,8 @@ def timed_run(cluster: str, args: argparse.Namespace, out: Path) -> float:
     if args.models:
         cmd += ["--models", args.models]
     env = {k: v for k, v in os.environ.items() if k not in ("MNCORE_CACHE_DIR", "RAY_ADDRESS")}
+    if args.threads:  # Ray gives a 1-CPU task OMP_NUM_THREADS=1; the same for both isolates the cluster's cost
+        env["OMP_NUM_THREADS"] = str(args.threads)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     with (out.parent / f"{out.name}.log").open("w") as log:
@@ -56,6 +58,8 @@ def main() -> int:
     ap.add_argument("--models", help="a subset (harness run --models) instead of the whole models tier")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of both runs' cells (default 1, "
+                    "what Ray sets for a 1-CPU task; 0: leave it unset, so local cells use every core each)")
     ap.add_argument("--out", type=Path, help="keep both runs' results here (default: a temporary directory)")
     ap.add_argument("--plan-from", type=Path, help="only print the plan from this results file or directory")
     ap.add_argument("--cpus-per-node", type=int, default=2)
@@ -76,8 +80,9 @@ def main() -> int:
         local = timed_run("local", args, root / "local")
         ray = timed_run("ray", args, root / "ray")
         n = len(cluster_plan.cells(root / "ray"))
+        threads = f"OMP_NUM_THREADS={args.threads}" if args.threads else "OMP_NUM_THREADS unset (Ray sets 1)"
         print(f"harness run --tier models{' --models ' + args.models if args.models else ''} --steps {args.steps} "
-              f"--jobs {args.jobs} ({n} cells, pfvm:cpu, measured wall time of the whole command):")
+              f"--jobs {args.jobs} ({n} cells, pfvm:cpu, {threads}, measured wall time of the whole command):")
         print(f"  --cluster local: {local:7.1f} s")
         print(f"  --cluster ray:   {ray:7.1f} s   (embedded Ray cluster, {args.jobs} CPUs, started and stopped in it)")
         print(f"  ray / local: {ray / local:.3f} (target <= 1.15)")
