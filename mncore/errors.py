@@ -34,6 +34,10 @@ class StaticShapeError(RuntimeError):
     """A graph holds a value whose shape is not known at compile time (emu2/mncore2 need static shapes)."""
 
 
+class HostFallbackWarning(UserWarning):
+    """An op a static-shape device cannot hold in a graph ran on the host (shown once per call site)."""
+
+
 class DeviceOutOfMemoryError(MemoryError):
     """A graph's memory plan does not fit the device DRAM left free by live tensors."""
 

@@ -12,7 +12,7 @@ from mncore.trace.sync import sync, wait_device_ops
 
 
 def init(device: str = "mncore2:auto", *, implicit_sync: str | None = None, execution: str | None = None,
-         sim_mode: str | None = None, float_dtype: str | None = None) -> None:
+         sim_mode: str | None = None, float_dtype: str | None = None, fallback: str | None = None) -> None:
     """Choose the execution device and modes; a second call syncs and drains pending work first.
 
     ``implicit_sync``: 'error' | 'warn' (default) | 'silent' (or env ``MNCORE_IMPLICIT_SYNC``).
@@ -20,12 +20,15 @@ def init(device: str = "mncore2:auto", *, implicit_sync: str | None = None, exec
     ``sim_mode`` (emu2/mncore2): 'functional' (default) | 'performance' (or env ``MNCORE_SIM_MODE``).
     ``float_dtype``: lazy mode's precision policy, 'float' (default) | 'mixed' | 'half' | 'double'
     (or env ``MNCORE_FLOAT_DTYPE``); the numerics follow it on emu2/mncore2.
+    ``fallback`` (emu2/mncore2): what an op with a data-dependent output shape does: 'warn' (default:
+    it runs on the host, warning once per call site) | 'silent' | 'error' (or env ``MNCORE_FALLBACK``).
     """
     dev = registry.parse(device)
     sim_mode = config.resolve("sim_mode", sim_mode)
     float_dtype = config.resolve("float_dtype", float_dtype)
     mode = config.resolve("implicit_sync", implicit_sync)
     execution = config.resolve("execution", execution)
+    fallback = config.resolve("fallback", fallback)
     debug = config.get("debug")
     if config.get("gc_freeze"):
         gc.freeze()
@@ -46,6 +49,7 @@ def init(device: str = "mncore2:auto", *, implicit_sync: str | None = None, exec
     settings.float_dtype = float_dtype
     settings.implicit_sync = mode
     settings.execution = execution
+    settings.fallback = fallback
     settings.debug = debug
     tracer.record_frames = "recompile" in debug
 
