@@ -96,6 +96,10 @@ def _knob(field_: str, default: Any, parse: Callable[[str], Any], read: str, doc
 
 
 KNOBS: tuple[Knob, ...] = (
+    _knob("device", "mncore2:auto", str, "init, and the first use of the device before any init",
+          "the device init() attaches when called without one; also attached when a tensor reaches mncore "
+          "before any init() (e.g. torch.ones(2).to('mncore') in a program that never imports mncore)",
+          "a device string (see init)"),
     _knob("implicit_sync", "warn", _choice(IMPLICIT_SYNC_MODES), "init",
           "what a host read of a pending value does", ", ".join(IMPLICIT_SYNC_MODES)),
     _knob("fallback", "warn", _choice(FALLBACK_MODES), "init",
@@ -248,8 +252,20 @@ def scoped(**fields: Any) -> Iterator[None]:
             setattr(settings, k, v)
 
 
+_first_use: list[Callable[[], None]] = []
+
+
+def on_first_use(attach: Callable[[], None]) -> None:
+    """``attach`` (trace/runtime.py: ``init()``) runs when the device is used before any ``init``."""
+    _first_use[:] = [attach]
+
+
 def require_init() -> None:
+    """Called before the device is used: attach the default device (knob ``device``) if ``init`` was not called."""
     if settings.device is None:
+        if _first_use:
+            _first_use[0]()
+            return
         from mncore.errors import NotInitializedError
 
         raise NotInitializedError(
