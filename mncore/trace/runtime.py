@@ -6,6 +6,7 @@ import gc
 from mncore import config
 from mncore.config import settings
 from mncore.devices import registry
+from mncore.errors import NotInitializedError
 from mncore.ir import buffers
 from mncore.trace.state import tracer
 from mncore.trace.sync import sync, wait_device_ops
@@ -60,7 +61,13 @@ def init(device: str | None = None, *, implicit_sync: str | None = None, executi
 def _init_on_first_use() -> None:
     with tracer.lock:  # two threads may reach the device first at once
         if settings.device is None:
-            init()
+            try:
+                init()
+            except (ValueError, OSError) as e:
+                raise NotInitializedError(
+                    f"mncore was used before mncore.init(), and its default device (MNCORE_DEVICE="
+                    f"{config.get('device')!r}) cannot be attached: {e}. Call mncore.init(device=...) first "
+                    "or set MNCORE_DEVICE") from e
 
 
 config.on_first_use(_init_on_first_use)
