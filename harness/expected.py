@@ -1,4 +1,6 @@
-"""The expected-failures file of the generated op tests (``ci/expected_op_failures.json``)."""
+"""The expected-failures file (``ci/expected_op_failures.json``) of the generated op tests (``suite``
+``registry``, the default: ``op`` is an aten overload) and of the OpInfo suites (``opinfo``: an OpInfo
+name such as ``div.floor_rounding``; ``modules``: a module_db name such as ``nn.LSTM``)."""
 from __future__ import annotations
 
 import json
@@ -7,6 +9,7 @@ from pathlib import Path
 
 PATH = Path(__file__).resolve().parent.parent / "ci" / "expected_op_failures.json"
 CATEGORIES = ("not-implemented", "precision", "nondeterministic", "input-generation", "metadata-static")
+SUITES = ("registry", "opinfo", "modules")
 
 
 @dataclass(frozen=True)
@@ -16,9 +19,11 @@ class ExpectedFailure:
     device: str
     category: str
     reason: str
+    suite: str = "registry"
 
-    def matches(self, op: str, dtypes: set[str], device: str) -> bool:
-        return (self.op == op and (self.dtype == "*" or self.dtype in dtypes)
+    def matches(self, op: str, dtypes: set[str], device: str, suite: str = "registry") -> bool:
+        """``device`` is the backend string (``pfvm:cpu``, ``mncore2:auto``); an entry names one or ``*``."""
+        return (self.suite == suite and self.op == op and (self.dtype == "*" or self.dtype in dtypes)
                 and (self.device == "*" or self.device == device))
 
 
@@ -31,5 +36,16 @@ def load(path: Path = PATH) -> list[ExpectedFailure]:
             raise ValueError(f"{path}: entry {i} lacks {', '.join(missing)}")
         if e["category"] not in CATEGORIES:
             raise ValueError(f"{path}: entry {i} has category {e['category']!r}; use one of {', '.join(CATEGORIES)}")
-        out.append(ExpectedFailure(e["op"], e["dtype"], e["device"], e["category"], e["reason"]))
+        suite = e.get("suite", "registry")
+        if suite not in SUITES:
+            raise ValueError(f"{path}: entry {i} has suite {suite!r}; use one of {', '.join(SUITES)}")
+        out.append(ExpectedFailure(e["op"], e["dtype"], e["device"], e["category"], e["reason"], suite))
     return out
+
+
+def lookup(op: str, device: str, suite: str, entries: list[ExpectedFailure] | None = None) -> ExpectedFailure | None:
+    """The float32 entry of ``op`` on ``device`` in ``suite`` (the OpInfo suites check float32 only)."""
+    for x in load() if entries is None else entries:
+        if x.matches(op, {"float32"}, device, suite):
+            return x
+    return None

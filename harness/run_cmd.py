@@ -1,4 +1,4 @@
-"""``harness run --tier unit|models|full``: check the inputs, run the cells, write results as rows
+"""``harness run --tier unit|models|full`` (and ``--tier unit --suite opinfo|modules``): check the inputs, run the cells, write results as rows
 finish, check or update the expectations.
 
 Every input is checked before anything runs or is written (unknown model, config or backend, a
@@ -24,6 +24,12 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--out", type=directory, help="results directory (default results/<timestamp>)")
     run.add_argument("--jobs", type=positive_int, default=1, help="models run in parallel (each in its own process)")
     run.add_argument("--timeout", type=positive_int, default=900, help="seconds per model")
+    run.add_argument("--suite", choices=("opinfo", "modules"),
+                     help="unit tier: run PyTorch's OpInfo database (opinfo) or nn module database (modules) on "
+                          "--backend instead of the pytest unit tests (results as rows; see docs/conformance.md)")
+    run.add_argument("--ops", help="--suite: comma-separated op or module names to run instead of the whole database")
+    run.add_argument("--samples", type=positive_int, default=8, help="--suite: the first N samples of each op")
+    run.add_argument("--no-backward", action="store_true", help="--suite: check forward outputs only")
     run.add_argument("--update-expected", action="store_true",
                      help="update the rows of the cells that ran in ci/expected/<tier>_<backend>.csv (others kept)")
     cluster.add_argument(run)
@@ -64,6 +70,11 @@ def _backends(args: argparse.Namespace) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     from harness import tiers
 
+    if args.suite and args.tier != "unit":
+        print("harness run: --suite belongs to --tier unit", file=sys.stderr)
+        return USAGE_ERROR
+    if args.tier == "unit" and args.suite:
+        return _run_suite(args)
     if args.tier == "unit":
         return tiers.run_unit(args.jobs if args.jobs > 1 else None)
     from harness import expectations
@@ -136,3 +147,52 @@ def _run(args: argparse.Namespace, todo: list[tuple[str, str]], backends: list[s
         print(f"if these changes are intended, refresh the expectations with: {refresh}", file=sys.stderr)
         return 1
     return 0
+
+
+def _run_suite(args: argparse.Namespace) -> int:
+    """``--tier unit --suite S``: the database's ops on one backend as rows, judged by the expected failures."""
+    import json
+
+    from harness import tiers
+    from harness.interrupt import Interrupted, signals_raise
+    from harness.results import ResultsWriter
+    from harness.suites import run as suite_run
+
+    try:
+        backend = _backends(args)[0]
+        everything = suite_run.names(args.suite)
+        todo = [n.strip() for n in args.ops.split(",")] if args.ops else everything
+        unknown = [n for n in todo if n not in everything]
+        if unknown:
+            raise UsageError(f"--ops: not in the {args.suite} database: {', '.join(unknown)}")
+    except UsageError as e:
+        print(f"harness run: {e}", file=sys.stderr)
+        return USAGE_ERROR
+    out = args.out or tiers.ROOT / "results" / datetime.now().strftime("%Y%m%d-%H%M%S")
+    meta = {**tiers.metadata("unit", 0), "suite": args.suite, "samples_cap": args.samples,
+            "checks": "forward" if args.no_backward else "forward+backward"}
+    print(f"harness: suite {args.suite}: {len(todo)} ops on {backend}, first {args.samples} samples each, "
+          f"{meta['checks']} -> {out}", flush=True)
+    writer = ResultsWriter(out, meta, stamp=True)
+    with signals_raise():
+        try:
+            rows = suite_run.run_suite(args.suite, todo, backend, out, cap=args.samples, backward=not args.no_backward,
+                                       jobs=args.jobs, timeout=args.timeout * 4, on_row=writer.add)
+        except Interrupted as e:
+            files = writer.close(interrupted=e.name)
+            print(f"harness run: interrupted by {e.name} after {len(writer.rows)} of {len(todo)} ops ({files.jsonl})",
+                  file=sys.stderr)
+            return e.exit_code
+    rates = suite_run.pass_rates(rows)
+    files = writer.close(**rates)
+    (out / "pass_rates.json").write_text(json.dumps({"backend": backend, **meta, **rates}, indent=1))
+    problems = suite_run.problems(rows)
+    print(f"{args.suite} on {backend}: {rates['ops_pass']}/{rates['ops']} ops pass ({rates['ops_pass_pct']} %), "
+          f"{rates['samples_pass']}/{rates['samples']} samples ({rates['samples_pass_pct']} %); "
+          f"results: {files.jsonl}, {files.csv}, {out / 'pass_rates.json'}")
+    for p in problems:
+        print(f"  {p}", file=sys.stderr)
+    if problems:
+        print(f"{len(problems)} unexpected result(s): fix them, or list a failure with its category and reason in "
+              "ci/expected_op_failures.json (a passing op's entry must be removed)", file=sys.stderr)
+    return 1 if problems else 0

@@ -14,7 +14,8 @@ from mncore.config import settings
 from mncore.devices import Device, RunResult
 from mncore.devices.registry import register as register_device
 from mncore.devices.registry import unregister as unregister_device
-from mncore.errors import CaptureError, CaptureWarning, DeviceExecutionError, ImplicitSyncError, ImplicitSyncWarning
+from mncore.errors import (CaptureError, CaptureWarning, DeviceExecutionError, HostFallbackWarning, ImplicitSyncError,
+                           ImplicitSyncWarning)
 from mncore.trace import (LazyTensor, init, init_cpu, init_cuda, init_mncore, parse_device, register, sync,
                           wait_device_ops)
 
@@ -23,6 +24,7 @@ __all__ = [
     "config", "errors", "LazyTensor", "ImplicitSyncError", "ImplicitSyncWarning", "DeviceExecutionError",
     "settings", "parse_device", "register_lowering", "unregister_lowering", "register_device",
     "unregister_device", "Device", "RunResult", "__version__", "capture", "CaptureError", "CaptureWarning",
+    "HostFallbackWarning",
 ]
 
 register()

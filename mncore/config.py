@@ -23,6 +23,7 @@ import torch
 from mncore.errors import ConfigError, DirectoryError
 
 IMPLICIT_SYNC_MODES = ("error", "warn", "silent")
+FALLBACK_MODES = ("warn", "error", "silent")
 EXECUTION_MODES = ("sync", "async_naive", "async")
 SIM_MODES = ("functional", "performance")
 PRECISION_POLICIES = ("double", "float", "mixed", "half")
@@ -95,8 +96,16 @@ def _knob(field_: str, default: Any, parse: Callable[[str], Any], read: str, doc
 
 
 KNOBS: tuple[Knob, ...] = (
+    _knob("device", "mncore2:auto", str, "init, and the first use of the device before any init",
+          "the device init() attaches when called without one; also attached when a tensor reaches mncore "
+          "before any init() (e.g. torch.ones(2).to('mncore') in a program that never imports mncore)",
+          "a device string (see init)"),
     _knob("implicit_sync", "warn", _choice(IMPLICIT_SYNC_MODES), "init",
           "what a host read of a pending value does", ", ".join(IMPLICIT_SYNC_MODES)),
+    _knob("fallback", "warn", _choice(FALLBACK_MODES), "init",
+          "emu2/mncore2: an op with a data-dependent output shape cuts the graph and runs on the host, with a "
+          "warning once per call site (warn), silently (silent), or raises StaticShapeError (error)",
+          ", ".join(FALLBACK_MODES)),
     _knob("execution", "async", _choice(EXECUTION_MODES), "init",
           "how sync() hands graphs to the worker", ", ".join(EXECUTION_MODES)),
     _knob("sim_mode", "functional", _choice(SIM_MODES), "init",
@@ -216,6 +225,7 @@ class Settings:
     kind: str = "pfvm"  # 'pfvm' | 'emu2' | 'mncore2' | a registered test device's kind
     exec_device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     implicit_sync: str = "warn"
+    fallback: str = "warn"
     execution: str = "async"
     float_dtype: str = "float"
     sim_mode: str = "functional"
@@ -245,8 +255,20 @@ def scoped(**fields: Any) -> Iterator[None]:
             setattr(settings, k, v)
 
 
+_first_use: list[Callable[[], None]] = []
+
+
+def on_first_use(attach: Callable[[], None]) -> None:
+    """``attach`` (trace/runtime.py: ``init()``) runs when the device is used before any ``init``."""
+    _first_use[:] = [attach]
+
+
 def require_init() -> None:
+    """Called before the device is used: attach the default device (knob ``device``) if ``init`` was not called."""
     if settings.device is None:
+        if _first_use:
+            _first_use[0]()
+            return
         from mncore.errors import NotInitializedError
 
         raise NotInitializedError(

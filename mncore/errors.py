@@ -44,6 +44,10 @@ class GuardError(RuntimeError):
     variant may be compiled (``MNCORE_CONTEXT_VARIANTS``); names the read and its source line."""
 
 
+class HostFallbackWarning(UserWarning):
+    """An op a static-shape device cannot hold in a graph ran on the host (shown once per call site)."""
+
+
 class DeviceOutOfMemoryError(MemoryError):
     """A graph's memory plan does not fit the device DRAM left free by live tensors."""
 

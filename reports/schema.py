@@ -350,3 +350,35 @@ class PerfRow(Row):
     """Written as ``eager_*``: the step in eager PyTorch on the CPU (peers rows, backend ``PEER_BACKEND``)."""
     compile: Measurement = field(default_factory=Measurement)
     """Written as ``compile_*``: the step with the model under ``torch.compile`` (inductor, CPU; peers rows)."""
+
+
+@dataclass(kw_only=True)
+class OpRow(Row):
+    """One op of PyTorch's OpInfo database (or one module of its module database) on one backend, by
+    ``harness run --tier unit --suite opinfo|modules``: its first samples checked against eager CPU
+    (always measured wall time). The shared fields read: ``model`` the op or module name (``div.floor_rounding``,
+    ``nn.Linear``), ``config`` the database (``op_db`` or ``module_db``), ``steps`` the samples checked.
+
+    ``xfail``: the op fails as its entry in ``ci/expected_op_failures.json`` says; ``xpass``: it has an entry
+    but passes (the entry must go); ``fail``/``error``: a mismatch or an exception on the backend without one.
+    """
+
+    STATUSES: ClassVar[tuple[str, ...]] = ("pass", "fail", "error", "xfail", "xpass", "eager_fail", "skipped",
+                                           "timeout", "crash", "oom")
+    suite: str
+    """``opinfo`` or ``modules``."""
+    checks: str
+    """``forward`` or ``forward+backward``."""
+    samples_pass: int | None = None
+    """Samples whose forward (and backward) matched."""
+    samples_noise: int | None = None
+    """Of those, samples that matched only by the float64 rule (RMSE vs float64 within 2x eager float32's)."""
+    backward: str | None = None
+    """``pass``, ``fail`` or ``n/a`` with why (no autograd, a random op, no differentiable output)."""
+    failing_sample: str | None = None
+    """The first failing sample (index and arguments)."""
+    expected_category: str | None = None
+    """The category of the op's expected-failure entry, if it has one."""
+    repro: str | None = None
+    """The command that runs this op alone."""
+    wall_s: float | None = None

@@ -243,7 +243,8 @@ def test_backward_errors_are_python_exceptions_not_an_abort(tmp_path):
     """Reproduced first: on emu2/mncore2 (static shapes) these losses' backward ops have no meta kernel,
     the refusal was raised inside autograd's engine and the process aborted (exit 134, "terminate
     called without an active exception"), or raised ``SystemError ... returned NULL``."""
-    env = dict(__import__("os").environ, MNCORE_RUNTIME_DIR=str(tmp_path))
+    # MNCORE_FALLBACK=error: these backward ops have no meta kernel, so by default they would run on the host
+    env = dict(__import__("os").environ, MNCORE_RUNTIME_DIR=str(tmp_path), MNCORE_FALLBACK="error")
     r = subprocess.run([sys.executable, "-c", _BACKWARD_PROGRAM], capture_output=True, text=True, timeout=240,
                        env=env)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -40,7 +40,7 @@ def _rows() -> list:
 
 
 ROWS = _rows()
-EXPECTED = expected.load()
+EXPECTED = [x for x in expected.load() if x.suite == "registry"]
 
 
 def _params():

@@ -193,10 +193,14 @@ def test_bad_modes_are_rejected():
         mncore.init_cpu(execution="eager")
 
 
-def test_use_before_init_is_a_clear_error():
-    code = "import torch, mncore\ntry:\n    torch.ones(2).mncore()\nexcept RuntimeError as e:\n    print(e)\n"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert "mncore is not initialized" in r.stdout, r.stderr
+def test_use_before_init_with_a_bad_default_device_is_a_clear_error():
+    """Used before init, mncore attaches MNCORE_DEVICE (test_torch_integration.py); a bad one is named."""
+    code = ("import torch, mncore\ntry:\n    torch.ones(2).mncore()\n"
+            "except mncore.errors.NotInitializedError as e:\n    print(e)\n")
+    env = dict(os.environ, MNCORE_DEVICE="tpu:3")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert "used before mncore.init(), and its default device (MNCORE_DEVICE='tpu:3') cannot be attached" \
+        in r.stdout, r.stderr
 
 
 def test_worker_error_names_graph_and_op():

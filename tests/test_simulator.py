@@ -28,7 +28,7 @@ Unit checks of ``round_to_format`` use an independent reference written with exa
 (``fractions.Fraction``), with the IEEE-754 conventions for a 6-bit exponent: bias 2^5 - 1 = 31, smallest
 normal 2^-30, largest normal (2 - 2^-9) * 2^31.
 
-Devices: board locks (two processes), the compile-time DRAM check, static shapes, performance mode, and
+Devices: board locks (two processes), the compile-time DRAM check, performance mode, and
 the seed's example programs run unchanged in subprocesses on ``mncore2:auto``.
 """
 from __future__ import annotations
@@ -52,7 +52,6 @@ import torch
 import torch.nn.functional as F
 
 import mncore
-from mncore.errors import StaticShapeError
 from mncore.compile.precision import round_to_format
 from mncore.context import Context, MNDevice
 from mncore.devices import board as boards
@@ -556,27 +555,6 @@ def test_dram_size_override_is_validated(sim):
     with pytest.raises(ValueError, match="MNCORE_SIM_DRAM_BYTES"):
         torch.ones(4).mncore()  # the first copy to the board needs the DRAM size
     sim.delenv("MNCORE_SIM_DRAM_BYTES")
-
-
-@pytest.mark.parametrize("op", ["nonzero", "masked_index"])
-def test_data_dependent_shape_raises_static_shape_error(sim, op):
-    x = torch.tensor([0.0, 1.5, -2.0, 0.0, 3.0])
-    if op == "nonzero":
-        ref = torch.nonzero(x)
-    else:
-        ref = x[x > 0]
-    mncore.init("emu2")
-    lx = x.mncore()
-    with pytest.raises(StaticShapeError, match=r"nonzero|index") as e:
-        torch.nonzero(lx) if op == "nonzero" else lx[lx > 0]
-    assert "emu2" in str(e.value) and "static" in str(e.value)
-    if op == "nonzero":
-        assert "nonzero" in str(e.value)
-    # pfvm runs it (eager fallback) and matches eager
-    back_to_cpu()
-    lx = x.mncore()
-    out = torch.nonzero(lx) if op == "nonzero" else lx[lx > 0]
-    torch.testing.assert_close(out.cpu(), ref)
 
 
 def test_functional_mode_records_modelled_time(sim):

@@ -21,6 +21,12 @@ def _check_static(graph: fx.Graph, name: str) -> None:
                                        f"{list(m.shape)}; MN-Core graphs need every shape fixed at compile time")
 
 
+def _autocast_half(k: Any) -> bool:
+    """Every complex op of kernel ``k`` reads 16-bit operands only (an autocast region)."""
+    ops = [n for n in k.nodes if n.meta.get("mn_class") == "complex"]
+    return bool(ops) and all(precision.half_operands(n) for n in ops)
+
+
 def _host_bytes(node: fx.Node) -> int:
     """Bytes a value occupies as a host-side buffer (its own dtype), for device-memory accounting."""
     m = (node.meta.get("mn") or [None])[0]
@@ -64,7 +70,7 @@ def compile_graph(graph: fx.Graph, name: str, key: Any, policy: str, static_shap
     n_k = len(kernels)
     alias: dict[fx.Node, fx.Node] = {}  # outputs of view kernels -> the buffer they reinterpret
     for k in kernels:
-        k.fmt = precision.kernel_format(policy, k.kind)
+        k.fmt = precision.kernel_format(policy, k.kind, k.kind == "complex" and _autocast_half(k))
         if k.kind == "view":
             base = k.inputs[0] if len(k.inputs) == 1 else None
             for o in k.outputs:

@@ -12,11 +12,19 @@ Policies, for floating-point tensors (integer and bool tensors are never touched
   matmul/conv/attention operands are half with float32 accumulation; values inside one fused
   kernel stay float32 (registers), as on the device.
 
+Autocast (``torch.autocast('mncore', dtype=torch.bfloat16 | torch.float16)``) maps onto the same
+formats: a matmul/conv/attention whose floating operands are all 16-bit (the autocast dtype) runs as
+the device runs half matmuls under ``mixed``: operands in MN-Core half, float32 accumulation, and
+the half rate in the cost model (``half_operands``). bfloat16 values are already exact in 1-6-9's
+mantissa; float16 operands lose their last mantissa bit.
+
 Rounding to a format rounds the mantissa to nearest-even, flushes magnitudes below the smallest
 normal to zero (no subnormals) and clamps finite values to the largest normal. NaN and Inf are
 kept (the hardware has neither) so that a diverging run stays visible on the host.
 """
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -34,11 +42,19 @@ def check_policy(name: str) -> str:
     return name
 
 
-def kernel_format(policy: str, kind: str) -> str:
-    """The number format a kernel of class ``kind`` computes in under ``policy`` (for the cost model)."""
+def half_operands(node: Any) -> bool:
+    """The traced op ``node`` (an FX node) reads only 16-bit floating operands (autocast lowered it)."""
+    metas = [(a.meta.get("mn") or [None])[0] for a in node.all_input_nodes]
+    floats = [m.dtype for m in metas if m is not None and m.dtype.is_floating_point]
+    return bool(floats) and all(d.itemsize == 2 for d in floats)
+
+
+def kernel_format(policy: str, kind: str, half: bool = False) -> str:
+    """The number format a kernel of class ``kind`` computes in under ``policy`` (for the cost model);
+    ``half``: its complex ops have 16-bit operands (``half_operands``)."""
     if policy == "double":
         return "double"
-    if policy == "half" or (policy == "mixed" and kind == "complex"):
+    if policy == "half" or (kind == "complex" and (policy == "mixed" or half)):
         return "half"
     return "float"
 
@@ -66,6 +82,8 @@ def round_to_format(x: torch.Tensor, fmt: str) -> torch.Tensor:
     man, exp = spec["mantissa_bits"], spec["exponent_bits"]
     if man >= _MANTISSA_BITS.get(x.dtype, 0):
         return x
+    if x.dtype == torch.float16:  # the format's limits overflow float16 scalars: round in float32
+        return round_to_format(x.float(), fmt).half()
     m, e = torch.frexp(x)
     scale = float(2 ** (man + 1))
     y = torch.ldexp(torch.round(m * scale) / scale, e)

@@ -17,7 +17,7 @@ import torch
 import torch.fx as fx
 
 from mncore.compile.executable import Executable
-from mncore.compile.precision import round_to_format, storage_bytes
+from mncore.compile.precision import half_operands, round_to_format, storage_bytes
 from mncore.devices.base import Device, KernelFailed, RunResult
 from mncore.errors import DeviceOutOfMemoryError
 from mncore.ir import buffers
@@ -58,7 +58,7 @@ def run_kernels(exe: Executable, args: list) -> tuple:
             if policy == "double":
                 args_ = fx.node.map_aggregate(args_, _to_double)
                 kwargs = fx.node.map_aggregate(kwargs, _to_double)
-            elif policy in ("mixed", "half") and node.meta.get("mn_class") == "complex":
+            elif node.meta.get("mn_class") == "complex" and (policy in ("mixed", "half") or half_operands(node)):
                 args_ = fx.node.map_aggregate(args_, _half_operand)
             try:
                 env[node] = node.target(*args_, **kwargs)

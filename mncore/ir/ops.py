@@ -13,8 +13,12 @@ _NO_LIFT_PREFIXES = ("arange", "range", "linspace", "logspace", "_upsample", "up
 
 # Pure reads of values on the host; handled by the host path, never traced.
 HOST_OPS = {
-    aten._local_scalar_dense.default, aten.equal.default, aten.is_nonzero.default,
+    aten._local_scalar_dense.default, aten.equal.default, aten.is_nonzero.default, aten.allclose.default,
 }
+
+# Tagged ``nondeterministic_seeded`` for their dropout, but their kernel refuses ``dropout_p > 0``
+# ("Currently do not support dropout > 0"), so the output never depends on the random stream.
+_DETERMINISTIC = frozenset({"_scaled_dot_product_flash_attention_for_cpu"})
 
 
 @dataclass(eq=False)
@@ -92,7 +96,7 @@ def analyze(op: Any) -> OpInfo:
     if not name.startswith(_NO_LIFT_PREFIXES):
         lift = frozenset([i for i, a in enumerate(args) if _liftable_type(a.type)] +
                          [a.name for a in args if _liftable_type(a.type)])
-    random = torch.Tag.nondeterministic_seeded in op.tags
+    random = torch.Tag.nondeterministic_seeded in op.tags and schema.name.split("::")[1] not in _DETERMINISTIC
     has_gen = any(a.name == "generator" for a in args)
     info = OpInfo(op=op, name=name, kind="functional", lift_pos=lift, random=random, has_generator=has_gen,
                   arg_names=tuple(a.name for a in args))

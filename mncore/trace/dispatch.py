@@ -10,6 +10,7 @@ from time import perf_counter
 from typing import Any
 
 import torch
+from torch.utils._mode_utils import no_dispatch
 
 from mncore.config import require_init
 from mncore.ir import ops as opinfo
@@ -131,6 +132,15 @@ def route(func: Any) -> tuple:
     return hit
 
 
+def _storage_order(self: LazyTensor) -> LazyTensor:
+    """``self``'s values laid out in its storage order (what eager re-reads after a metadata change),
+    over the storage extent its strides address; elements it does not cover read as zeros."""
+    shape, stride, dtype = self.mn_meta
+    extent = 1 + sum((n - 1) * st for n, st in zip(shape, stride)) if 0 not in shape else 0
+    flat = torch.zeros(extent, dtype=dtype, device=DEVICE_NAME)
+    return torch.as_strided_scatter(flat, self, shape, stride) if extent else flat
+
+
 def _restride_same_shape(self: LazyTensor, stride: list, offset: int) -> LazyTensor:
     """``x.as_strided_(x.shape, stride, offset)``: eager re-reads x's storage with new strides.
 
@@ -148,20 +158,66 @@ def _restride_same_shape(self: LazyTensor, stride: list, offset: int) -> LazyTen
     if offset < 0 or any(st < 0 for st in stride) or need > extent:
         raise RuntimeError(f"as_strided_: size {list(shape)}, stride {stride}, offset {offset} reach element "
                            f"{need - 1} of a storage of {extent} elements (out of bounds)")
-    flat = torch.zeros(extent, dtype=dtype, device=DEVICE_NAME)
-    flat = torch.as_strided_scatter(flat, self, shape, old_stride)
-    self.copy_(torch.as_strided(flat, shape, stride, offset).clone())
+    self.copy_(torch.as_strided(_storage_order(self), shape, stride, offset).clone())
+    return self
+
+
+def _set_wrapper_meta(func: Any, args: tuple, kwargs: dict) -> None:
+    """Apply a metadata op to the wrapper's own sizes and strides (its meta kernel, no values), as
+    ``torch.utils._python_dispatch.return_and_correct_aliasing`` does for ``inplace_view`` ops."""
+    with no_dispatch():
+        meta_in_tls = torch._C._meta_in_tls_dispatch_include()
+        torch._C._set_meta_in_tls_dispatch_include(True)
+        try:
+            func(*args, **kwargs)
+        finally:
+            torch._C._set_meta_in_tls_dispatch_include(meta_in_tls)
+
+
+def _resize(self: LazyTensor, shape: list) -> LazyTensor:
+    """``resize_``/``resize_as_``: eager keeps the storage and reads it contiguously in the new shape; what
+    grows past it is uninitialised (zeros here). The tensor takes a new storage holding that value, leaving
+    the views of its old storage as they were."""
+    if tuple(shape) == self.mn_meta.shape:
+        return self
+    if self.requires_grad:
+        raise RuntimeError("cannot resize variables that require grad")
+    n = 1
+    for d in shape:
+        n *= d
+    flat = _storage_order(self)
+    if n > flat.numel():
+        flat = torch.cat([flat, torch.zeros(n - flat.numel(), dtype=flat.dtype, device=DEVICE_NAME)])
+    new = flat[:n].reshape(list(shape)).clone()  # a base tensor (no view chain) with contiguous strides
+    # the wrapper takes a storage of the new size (another wrapper's, so on this device) and the new shape
+    _set_wrapper_meta(aten.set_.source_Storage_storage_offset,
+                      (self, new.untyped_storage(), 0, list(shape), list(new.stride())), {})
+    self.mn_meta, self.mn_storage, self.mn_chain, self.mn_view_cache = new.mn_meta, new.mn_storage, (), None
+    self.__dict__.pop("mn_readonly", None)
     return self
 
 
 def _metadata_inplace(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """In-place metadata ops: the tensor becomes the view the out-of-place op makes of it (same storage,
+    so later writes through it reach its base), and its wrapper takes the view's sizes and strides."""
     self = args[0]
-    if info.name == "as_strided_" and isinstance(self, LazyTensor) and list(args[1]) == list(self.mn_meta.shape):
+    base = info.name.split(".")[0]
+    if not isinstance(self, LazyTensor) or base in ("set_", "_resize_output_"):
+        raise NotImplementedError(
+            f"mncore: {info.name} is not supported: tensor storage cannot be re-pointed on a lazy device; "
+            f"create a new tensor instead")
+    if base == "resize_":
+        return _resize(self, list(args[1]))
+    if base == "resize_as_":
+        return _resize(self, list(args[1].shape))
+    if base == "as_strided_" and list(args[1]) == list(self.mn_meta.shape):
         return _restride_same_shape(self, list(args[2]), (args[3] if len(args) > 3 else None) or 0)
-    raise NotImplementedError(
-        f"mncore: {info.name} changes a tensor's shape or strides in place, which lazy tensors (static "
-        f"metadata) cannot do; use the out-of-place form, e.g. x = x.{info.name.split('.')[0].rstrip('_')}(...)"
-    )
+    view = views.out_of_place(func)(*args, **kwargs)
+    _set_wrapper_meta(func, args, kwargs)
+    self.mn_meta, self.mn_chain, self.mn_view_cache = view.mn_meta, view.mn_chain, view.mn_view_cache
+    if getattr(view, "mn_readonly", None):
+        self.mn_readonly = view.mn_readonly
+    return self
 
 
 def _to(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -196,7 +252,6 @@ _SPECIAL = {
     aten._to_copy.default: _to_copy,
     aten.copy_.default: _copy_,
     aten.set_.source_Tensor: _unsupported("tensor storage cannot be re-pointed on a lazy device"),
-    aten.resize_.default: _unsupported("lazy tensors have static shapes; create a new tensor instead"),
 }
 
 

@@ -11,10 +11,11 @@ from typing import Any
 import torch
 
 from mncore.config import settings
-from mncore.errors import ImplicitSyncError, ImplicitSyncWarning, NotCompilableError, StaticShapeError
+from mncore.errors import ImplicitSyncError, ImplicitSyncWarning, NotCompilableError
 from mncore.ir.meta import meta_of
 from mncore.ir.values import Data, Node, describe_site
 from mncore.observe import metrics
+from mncore.trace import fallback as host_fallback
 from mncore.trace import views
 from mncore.trace.infer import FallbackNeeded
 from mncore.trace.record import new_tensor, record, wrap
@@ -102,25 +103,31 @@ def realize_all(args: tuple, kwargs: dict, reason: str) -> tuple[list, dict]:
 def fallback(info: Any, func: Any, args: tuple, kwargs: dict, why: str) -> Any:
     """Ops whose output shape depends on values (nonzero, masked indexing, unique) run eagerly.
 
-    Not on the simulated MN-Core devices: their compiler needs every shape fixed in advance.
+    On the static-shape devices (emu2, mncore2) they run on the host per ``settings.fallback``
+    (``trace/fallback.py``).
     """
     if tracer.capture is not None:
         raise NotCompilableError(
             f"mncore: {info.name} at {describe_site(user_site())}: its output shape is not known before it runs "
             f"({why}); a Context function compiles to one graph with static shapes, so it cannot hold this op: "
             "run the step in lazy mode (.to('mncore') and mncore.sync()), which runs such ops eagerly")
-    if settings.static_shapes:
-        raise StaticShapeError(
-            f"mncore: {info.name} has a data-dependent output shape ({why}); {settings.device} compiles graphs "
-            f"with static shapes only, so it cannot run there. Compute it on the host (.cpu()) or use a pfvm device")
+    static = settings.static_shapes
+    if static:
+        host_fallback.admit(info.name, why)
     metrics.count_fallback(info.name)
     if tracer.recording is not None:
         tracer.recording.refuse(f"{info.name} runs eagerly on the host (its output shape depends on values)")
     real_args, real_kwargs = realize_all(args, kwargs, f"{info.name} (data-dependent shape)")
     out = func(*real_args, **real_kwargs)
+    if static:
+        host_fallback.count_transfers((real_args, real_kwargs), out)
 
     def wrap(o: Any) -> Any:
         if isinstance(o, torch.Tensor):
+            if o.layout != torch.strided:
+                raise NotImplementedError(
+                    f"mncore: {info.name} returns a {o.layout} tensor, and mncore tensors are dense (strided) only; "
+                    "keep sparse tensors on the CPU (x.cpu() first)")
             meta = meta_of(o)
             return new_tensor((Data(meta, o), 0), meta)
         if isinstance(o, (list, tuple)):
@@ -146,4 +153,5 @@ def host_op(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     return func(*real_args, **real_kwargs)
 
 
-_READ_NAMES = {aten._local_scalar_dense.default: ".item()/bool()/float()", aten.equal.default: "torch.equal"}
+_READ_NAMES = {aten._local_scalar_dense.default: ".item()/bool()/float()", aten.equal.default: "torch.equal",
+               aten.allclose.default: "torch.allclose"}

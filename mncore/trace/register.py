@@ -5,9 +5,8 @@ from typing import Any
 
 import torch
 
-from mncore.trace import autocast, rng
+from mncore.trace import autocast, device_module
 from mncore.trace.dispatch import factory, upload_kernel
-from mncore.trace.sync import wait_device_ops
 from mncore.trace.tensor import DEVICE_NAME, LazyTensor
 
 aten = torch.ops.aten
@@ -20,55 +19,6 @@ FACTORIES = (
     aten.randperm.default, aten.randperm.generator, aten.scalar_tensor.default, aten.full.default,
     aten.zeros.default, aten.ones.default, aten.tril_indices.default, aten.triu_indices.default,
 )
-
-
-class DeviceModule:
-    """What ``torch.mncore`` exposes; torch calls ``manual_seed_all`` from ``torch.manual_seed``."""
-
-    @staticmethod
-    def is_available() -> bool:
-        return True
-
-    @staticmethod
-    def is_initialized() -> bool:
-        return True
-
-    @staticmethod
-    def device_count() -> int:
-        return 1
-
-    @staticmethod
-    def current_device() -> int:
-        return 0
-
-    @staticmethod
-    def _is_in_bad_fork() -> bool:
-        return False
-
-    @staticmethod
-    def manual_seed(seed: int) -> None:
-        rng.manual_seed(seed)
-
-    @staticmethod
-    def manual_seed_all(seed: int) -> None:
-        rng.manual_seed(seed)
-
-    @staticmethod
-    def get_rng_state(device: Any = None) -> torch.Tensor:
-        return torch.tensor(list(rng.get_state()), dtype=torch.int64)
-
-    @staticmethod
-    def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
-        rng.set_state(tuple(int(v) for v in state.tolist()))
-
-    @staticmethod
-    def get_amp_supported_dtype() -> list[torch.dtype]:
-        """``torch.autocast('mncore', dtype=...)``: the lower-precision dtypes graphs can compute in."""
-        return [torch.float16, torch.bfloat16]
-
-    @staticmethod
-    def synchronize(device: Any = None) -> None:
-        wait_device_ops()
 
 
 _lib: Any = None
@@ -167,15 +117,6 @@ def _no_pinning_for_mncore() -> None:
     pinning.pin_memory = pin_memory
 
 
-def _refuse_storage_restore(obj: Any, location: str) -> Any:
-    """``torch.load(map_location='mncore')``: lazy tensors have no storage to restore into."""
-    if location == DEVICE_NAME or location.startswith(DEVICE_NAME + ":"):
-        raise RuntimeError("torch.load(map_location='mncore') cannot restore storages on the mncore device (its "
-                           "tensors have no storage); load on the CPU and move the result: "
-                           "model.load_state_dict(torch.load(f, map_location='cpu')); model.to('mncore')")
-    return None
-
-
 def register() -> None:
     """Idempotent: rename PrivateUse1, install hooks, device module and factory kernels."""
     global _lib
@@ -183,7 +124,7 @@ def register() -> None:
         return
     if torch._C._get_privateuse1_backend_name() != DEVICE_NAME:
         torch.utils.backend_registration._setup_privateuseone_for_python_backend(
-            rename=DEVICE_NAME, backend_module=DeviceModule()
+            rename=DEVICE_NAME, backend_module=device_module.DeviceModule()
         )
     _lib = torch.library.Library("aten", "IMPL")
     for op in FACTORIES:
@@ -202,7 +143,7 @@ def register() -> None:
     _fallback_lib = torch.library.Library("_", "IMPL")
     autocast.register(_lib, _fallback_lib)
     _no_pinning_for_mncore()
-    torch.serialization.register_package(15, lambda obj: None, _refuse_storage_restore)
+    device_module.register_loading()
     # Module.to('mncore') must keep parameter identity (optimizers, tied weights): swap, don't copy.
     torch.__future__.set_swap_module_params_on_conversion(True)
     # Let torch.optim pick its foreach (multi-tensor) path for mncore tensors, as it does for CUDA:

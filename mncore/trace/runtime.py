@@ -6,26 +6,33 @@ import gc
 from mncore import config
 from mncore.config import settings
 from mncore.devices import registry
+from mncore.errors import NotInitializedError
 from mncore.ir import buffers
 from mncore.trace.state import tracer
 from mncore.trace.sync import sync, wait_device_ops
 
 
-def init(device: str = "mncore2:auto", *, implicit_sync: str | None = None, execution: str | None = None,
-         sim_mode: str | None = None, float_dtype: str | None = None) -> None:
+def init(device: str | None = None, *, implicit_sync: str | None = None, execution: str | None = None,
+         sim_mode: str | None = None, float_dtype: str | None = None, fallback: str | None = None) -> None:
     """Choose the execution device and modes; a second call syncs and drains pending work first.
+
+    ``device``: default ``MNCORE_DEVICE`` (``mncore2:auto``); without any ``init`` call, the first
+    tensor put on the device attaches that default (``_init_on_first_use``).
 
     ``implicit_sync``: 'error' | 'warn' (default) | 'silent' (or env ``MNCORE_IMPLICIT_SYNC``).
     ``execution``: 'async' (default) | 'async_naive' | 'sync' (or env ``MNCORE_EXECUTION``).
     ``sim_mode`` (emu2/mncore2): 'functional' (default) | 'performance' (or env ``MNCORE_SIM_MODE``).
     ``float_dtype``: lazy mode's precision policy, 'float' (default) | 'mixed' | 'half' | 'double'
     (or env ``MNCORE_FLOAT_DTYPE``); the numerics follow it on emu2/mncore2.
+    ``fallback`` (emu2/mncore2): what an op with a data-dependent output shape does: 'warn' (default:
+    it runs on the host, warning once per call site) | 'silent' | 'error' (or env ``MNCORE_FALLBACK``).
     """
-    dev = registry.parse(device)
+    dev = registry.parse(config.resolve("device", device))
     sim_mode = config.resolve("sim_mode", sim_mode)
     float_dtype = config.resolve("float_dtype", float_dtype)
     mode = config.resolve("implicit_sync", implicit_sync)
     execution = config.resolve("execution", execution)
+    fallback = config.resolve("fallback", fallback)
     debug = config.get("debug")
     if config.get("gc_freeze"):
         gc.freeze()
@@ -46,8 +53,24 @@ def init(device: str = "mncore2:auto", *, implicit_sync: str | None = None, exec
     settings.float_dtype = float_dtype
     settings.implicit_sync = mode
     settings.execution = execution
+    settings.fallback = fallback
     settings.debug = debug
     tracer.record_frames = "recompile" in debug
+
+
+def _init_on_first_use() -> None:
+    with tracer.lock:  # two threads may reach the device first at once
+        if settings.device is None:
+            try:
+                init()
+            except (ValueError, OSError) as e:
+                raise NotInitializedError(
+                    f"mncore was used before mncore.init(), and its default device (MNCORE_DEVICE="
+                    f"{config.get('device')!r}) cannot be attached: {e}. Call mncore.init(device=...) first "
+                    "or set MNCORE_DEVICE") from e
+
+
+config.on_first_use(_init_on_first_use)
 
 
 def init_cpu(**kwargs) -> None:

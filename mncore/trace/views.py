@@ -25,6 +25,19 @@ SCATTERS = {
 SUPPORTED = RESHAPES | PERMUTES | ALIASES | set(SCATTERS) | {aten.expand.default}
 
 
+def out_of_place(op: Any) -> Any:
+    """The view op an in-place metadata op (tagged ``inplace_view``: ``transpose_``, ``squeeze_.dim``,
+    ``as_strided_``...) applies to its tensor: the overload of the name without ``_`` whose arguments match."""
+    schema = op._schema
+    packet = getattr(aten, schema.name.split("::")[1].rstrip("_"))
+    want = [(a.name, str(a.type)) for a in schema.arguments[1:]]
+    for name in packet.overloads():
+        cand = getattr(packet, name)
+        if [(a.name, str(a.type)) for a in cand._schema.arguments[1:]] == want:
+            return cand
+    raise NotImplementedError(f"mncore: no out-of-place view op matches {schema.name}.{schema.overload_name}")
+
+
 def split_views(op: Any, args: tuple, shape: tuple) -> list[tuple[Any, tuple]] | None:
     """Rewrite multi-output view ops (``args`` excludes self) as one single-output view each."""
     if op is aten.split.Tensor or op is aten.split_with_sizes.default:

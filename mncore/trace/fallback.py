@@ -1,0 +1,73 @@
+"""Host fallback on static-shape devices: cut the graph, run the op on the host, continue lazily.
+
+``emu2`` and ``mncore2`` compile graphs whose every shape is fixed in advance, so an op whose output
+shape depends on values (``nonzero``, ``unique``, ``masked_select``, ``linalg.lstsq``, ...) cannot be
+a node of one. As PyTorch/XLA and TorchNeuron do, such an op cuts the pending graph (its inputs are
+read back, an implicit sync), runs with PyTorch's host kernel, and its results are uploaded as
+inputs of the next graph. Each one is counted in ``fallback_ops`` (per op in
+``metrics.fallback_ops()``) with the bytes it moved; ``init(fallback=)`` / ``MNCORE_FALLBACK``
+choose a warning once per call site (``warn``), ``silent``, or ``StaticShapeError`` (``error``).
+The pfvm devices run the same ops eagerly on their execution device, silently.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from mncore.config import settings
+from mncore.errors import HostFallbackWarning, StaticShapeError
+from mncore.ir.values import describe_site
+from mncore.observe import metrics
+from mncore.trace.sites import user_site
+
+_warned: set = set()
+
+
+def _first_line(why: str) -> str:
+    line = why.strip().splitlines()[0] if why.strip() else "its output shape depends on values"
+    line = line.replace("aten::", "")
+    return line if len(line) <= 160 else line[:157] + "..."
+
+
+def admit(op_name: str, why: str) -> None:
+    """Apply ``settings.fallback`` before ``op_name`` runs on the host of a static-shape device."""
+    mode = settings.fallback
+    if mode == "silent":
+        return
+    site = user_site()
+    where = describe_site(site)
+    what = (f"mncore: {op_name} at {where} cannot be a node of {settings.device}'s static-shape graphs "
+            f"({_first_line(why)})")
+    if mode == "error":
+        raise StaticShapeError(
+            f"{what}, and init(fallback='error') (or MNCORE_FALLBACK=error) refuses to run it on the host. Use "
+            "fallback='warn'|'silent' to cut the graph there and run it on the host, compute it on the host "
+            "yourself (.cpu()), or use a pfvm device")
+    key = (site, op_name, settings.device)
+    if key in _warned:
+        return
+    _warned.add(key)
+    message = (f"{what}: the pending graph is cut here and the op runs on the host (counted in fallback_ops; "
+               "shown once per call site; init(fallback='error'|'silent') changes this)")
+    if site is None:
+        warnings.warn(message, HostFallbackWarning, stacklevel=2)
+    else:
+        warnings.warn_explicit(message, HostFallbackWarning, site[0], site[1])
+
+
+def _nbytes(x: Any) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size() if x.layout == torch.strided else 0
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(y) for y in x)
+    if isinstance(x, dict):
+        return sum(_nbytes(y) for y in x.values())
+    return 0
+
+
+def count_transfers(args: Any, out: Any) -> None:
+    """The host round trip of one fallback: its inputs read back, its outputs uploaded."""
+    metrics.add("bytes_to_host", _nbytes(args))
+    metrics.add("bytes_to_device", _nbytes(out))
