@@ -21,21 +21,21 @@ import threading
 import time
 from pathlib import Path
 
-PORT = 6379
+PORTS = (6379, 6389, 6399)  # a start that misses Ray's fixed 30 s node registration (a loaded machine) retries
 HEAD, SECOND = "127.0.0.1", "127.0.0.2"
 MODELS = ["mlp_w64:tiny", "mlp_w128:tiny"]
 VICTIM, LAST = "mlp_w256", "mlp_w512"
 NODE_WAIT_S = 60.0
 
 
-def start_nodes(tmp: Path, ray_tmp: Path) -> subprocess.Popen:
+def start_nodes(tmp: Path, ray_tmp: Path, port: int) -> subprocess.Popen:
     """``ray start`` of the head node then the second one, with this interpreter's Ray, in the background
     (``ray_tmp``: Ray's session directory, short: its socket paths must fit in 107 bytes)."""
     ray = shlex.quote(str(Path(sys.executable).with_name("ray")))
     common = f"--num-cpus=1 --disable-usage-stats --temp-dir={shlex.quote(str(ray_tmp))}"
-    script = (f"{ray} start --head --node-ip-address={HEAD} --port={PORT} --include-dashboard=false {common} && "
-              f"{ray} start --address={HEAD}:{PORT} --node-ip-address={SECOND} {common}")
-    return subprocess.Popen(["sh", "-c", script], stdout=(tmp / "ray-start.log").open("w"), stderr=subprocess.STDOUT)
+    script = (f"{ray} start --head --node-ip-address={HEAD} --port={port} --include-dashboard=false {common} && "
+              f"{ray} start --address={HEAD}:{port} --node-ip-address={SECOND} {common}")
+    return subprocess.Popen(["sh", "-c", script], stdout=(tmp / "ray-start.log").open("a"), stderr=subprocess.STDOUT)
 
 
 def live_nodes(address: str, want: int) -> list[str]:
@@ -95,16 +95,23 @@ def main(result: Path, ray_tmp: Path) -> None:
     from harness.cli import main as harness
 
     tmp = result.parent
+    # No token authentication: a joining node saw the head's token mode as 'disabled' and was refused,
+    # and ~/.ray/auth_token is shared with any other Ray here; nothing outside this loopback-only
+    # namespace can reach the cluster.
+    os.environ["RAY_AUTH_MODE"] = "disabled"
     os.environ["MNCORE_CACHE_DIR"] = str(tmp / "cache")  # the shared compile cache of both runs
     common = ["run", "--tier", "models", "--steps", "1"]
     report: dict = {"in_namespace": netns.inside(), "seconds": {}}
     t0 = time.monotonic()
     # Nodes first, alone: a node must register within Ray's fixed 30 s, which cells running beside it
     # on a loaded 2-core machine can make it miss.
-    if start_nodes(tmp, ray_tmp).wait() != 0:
+    # A failed attempt's processes stay in this PID namespace until it ends; the next uses a new port.
+    port = next((p for p in PORTS if start_nodes(tmp, ray_tmp / str(p), p).wait() == 0), None)
+    if port is None:
         log = (tmp / "ray-start.log").read_text()
-        raise RuntimeError(f"ray start failed ({tmp / 'ray-start.log'}):\n{log[-1500:]}")
-    report["nodes"] = live_nodes(f"{HEAD}:{PORT}", 2)
+        raise RuntimeError(f"ray start failed {len(PORTS)} times ({tmp / 'ray-start.log'}):\n{log[-1500:]}")
+    report["port"] = port
+    report["nodes"] = live_nodes(f"{HEAD}:{port}", 2)
     netns.check_loopback(report["nodes"])  # the network rule: never run cells on a cluster that breaks it
     report["seconds"]["nodes"] = time.monotonic() - t0
     report["local_rc"] = harness([*common, "--models", ",".join(MODELS), "--jobs", "2", "--out", str(tmp / "local")])
@@ -115,7 +122,7 @@ def main(result: Path, ray_tmp: Path) -> None:
     watcher.start()
     try:
         cells = [f"{VICTIM}:tiny", *MODELS, f"{LAST}:tiny"]
-        report["ray_rc"] = harness([*common, "--models", ",".join(cells), "--cluster", f"{HEAD}:{PORT}",
+        report["ray_rc"] = harness([*common, "--models", ",".join(cells), "--cluster", f"{HEAD}:{port}",
                                     "--out", str(tmp / "ray")])
     finally:
         stop.set()
