@@ -17,7 +17,8 @@ from harness.argtypes import USAGE_ERROR, UsageError, directory, positive_int
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--tier", choices=("unit", "models", "full"), required=True)
-    run.add_argument("--backend", help="pfvm:cpu | pfvm:cuda (default: pfvm:cpu; full: every available one)")
+    run.add_argument("--backend", help="pfvm:cpu | pfvm:cuda | emu2 | mncore2:auto, or several comma-separated "
+                                       "(default: pfvm:cpu; full: pfvm:cpu, pfvm:cuda when present, emu2, mncore2:auto)")
     run.add_argument("--models", help="comma-separated names (name or name:config) to run instead of the tier's set")
     run.add_argument("--steps", type=positive_int, default=3)
     run.add_argument("--out", type=directory, help="results directory (default results/<timestamp>)")
@@ -47,16 +48,19 @@ def _picked(args: argparse.Namespace, todo: list[tuple[str, str]]) -> list[tuple
 
 
 def _backends(args: argparse.Namespace) -> list[str]:
+    """``--backend`` (one, or several comma-separated), each checked; default: the tier's."""
     import mncore
     from harness import tiers
 
     if not args.backend:
         return tiers.available_backends() if args.tier == "full" else ["pfvm:cpu"]
-    try:
-        mncore.parse_device(args.backend)
-    except ValueError as e:
-        raise UsageError(f"--backend: {e}") from None
-    return [args.backend]
+    picked = [b.strip() for b in args.backend.split(",") if b.strip()]
+    for b in picked:
+        try:
+            mncore.parse_device(b)
+        except ValueError as e:
+            raise UsageError(f"--backend: {e}") from None
+    return picked
 
 
 def main(args: argparse.Namespace) -> int:
@@ -91,7 +95,8 @@ def _run(args: argparse.Namespace, todo: list[tuple[str, str]], backends: list[s
     stopped: Interrupted | None = None
     with signals_raise():
         try:
-            tiers.run_models(todo, backends, args.steps, out, jobs=args.jobs, timeout=args.timeout, on_row=writer.add)
+            tiers.run_models(todo, backends, args.steps, out, jobs=args.jobs, timeout=args.timeout, on_row=writer.add,
+                             fork=args.tier == "full")
         except Interrupted as e:  # the children are already killed (CellRunner.run)
             stopped = e
     records = [r.to_json() for r in writer.rows]
