@@ -94,14 +94,15 @@ def collect(names: list[str], out: Path, jobs: int = 1, timeout: int = 300, head
     import torchvision
     import transformers
 
+    import model_zoo
     from model_zoo import catalog
 
     def finish(o: Outcome) -> catalog.Entry:
         if o.kind == "result":
             return catalog.Entry.from_json(json.loads(o.job.result.read_text()))
-        name = o.job.label
-        return catalog.Entry(name=name, source=_source(name), family="", task="", status="excluded",
-                             reason=f"{o.kind}: {o.reason}"[:REASON_CHARS])
+        spec = model_zoo.get(o.job.label)  # a spec is made without building anything
+        return catalog.Entry(name=spec.name, source=_source(spec.name), family=spec.family, task=spec.traits["task"],
+                             status="excluded", reason=f"{o.kind}: {o.reason}"[:REASON_CHARS])
 
     with tempfile.TemporaryDirectory() as tmp:
         todo = [Job(n, "harness.collect", (n, str(Path(tmp) / f"{n}.json")), Path(tmp) / f"{n}.json") for n in names]

@@ -55,7 +55,9 @@ class Entry:
     headline: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if v not in (None, "", {}, False)}
+        """Every field, less the optional ones left unset."""
+        required = ("name", "source", "family", "task", "status")
+        return {k: v for k, v in self.__dict__.items() if k in required or v not in (None, "", {}, False)}
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> Entry:
