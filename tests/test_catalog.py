@@ -155,3 +155,10 @@ def test_full_report_counts_modes_and_groups_causes():
     text = report([passed, ctx, lazy])
     assert "| b | 3 | 1 (33%) | 2/3 (67%) | 1/3 (33%) | 2/3 (67%) |" in text, text
     assert "| b | context: RuntimeError | 1 | m |" in text
+
+
+def test_bad_backend_lists_and_candidates_are_refused(capsys):
+    assert cli(["run", "--tier", "full", "--backend", "pfvm:cpu,pfvm:tpu", "--models", "mlp_w64"]) == 2
+    assert "--backend: unknown device 'pfvm:tpu'" in capsys.readouterr().err
+    assert cli(["zoo", "collect", "--models", "hf_llama,hf_nope"]) == 2
+    assert "not catalog candidates: hf_nope" in capsys.readouterr().err
