@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install clean bench registry report
+.PHONY: run test install clean bench registry report catalog
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -32,6 +32,11 @@ report: $(STAMP)
 
 registry: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/harness registry record --configs tiny,default --jobs 2
+
+# The model catalog (model_zoo/catalog/catalog.jsonl), then its models in the shape registry (tiny configs).
+catalog: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/harness zoo collect --jobs 2
+	HF_HUB_OFFLINE=1 $(BIN)/harness registry record --catalog --jobs 2
 
 clean:
 	rm -rf $(VENV) .pytest_cache

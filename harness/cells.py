@@ -6,7 +6,9 @@ jobs (``--jobs N`` at a time) in their own process group with a log file, kills 
 on timeout or when the run is interrupted, makes each child die with the parent (Linux:
 ``PR_SET_PDEATHSIG``), and turns every ending into an ``Outcome``: the result file, a ``timeout``, an ``oom``
 or a ``crash`` (a signal or an exit without a result), with the log's tail as the reason.
-The tier runner, the performance reports and the registry recorder run their cells through it;
+With ``preload``, jobs are forked from a fork server that imported those modules once (same isolation,
+no per-cell interpreter start: the catalog's hundreds of tiny models). The tier runner, the
+performance reports, the registry recorder and the catalog collector run their cells through it;
 the fuzz worker (a fork server, not ``python -m``) shares the kill, log and exit rules below.
 Where the children run is the cluster's (``harness.cluster``): here, or one per Ray task
 (``harness.cluster_ray``), whose lost node gives a ``node_lost`` outcome.
@@ -15,14 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import multiprocessing
 import os
+import runpy
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from harness.progress import Progress
 
@@ -127,16 +131,71 @@ class Running:
     """A started child: its job, process, open log and start time."""
 
     job: Job
-    proc: subprocess.Popen
+    proc: Any  # subprocess.Popen, or a _Forked (same poll/wait/pid)
     log: IO[Any]
     t0: float
 
 
-def start(job: Job, extra_env: Mapping[str, str] | None = None) -> Running:
-    """Start ``job``'s child in its own process group, dying with this process, its output in its log."""
+@contextlib.contextmanager
+def main_module_hidden() -> Iterator[None]:
+    """Start children without re-importing the parent's ``__main__``.
+
+    ``multiprocessing`` re-runs the parent's main script in every forkserver child (pytest's or
+    ``harness``'s: slow) and fails outright when there is none (``python - < script``). The entry
+    points of forked children (the fuzz worker's, ``_run_forked``) live in modules, so they never need it.
+    """
+    main = sys.modules["__main__"]
+    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__}
+    main.__spec__ = None
+    main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
+        if "__spec__" not in saved:
+            del main.__spec__
+
+
+def _run_forked(module: str, args: tuple[str, ...], log_path: str) -> None:
+    """A forked cell (in the fork server's child): own session, output to the log, ``python -m`` semantics
+    (modules are found on the fork server's ``sys.path``, the parent's when it started)."""
+    os.setsid()
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)  # the fork server ends with the run: so does the cell
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.environ.update(child_env())
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+class _Forked:
+    """A cell forked from a fork server that has already imported ``preload`` (a fresh cell then starts
+    in milliseconds, not the seconds of importing torch and its libraries), with Popen's poll/wait/pid."""
+
+    def __init__(self, ctx: Any, job: Job):
+        self.proc = ctx.Process(target=_run_forked, args=(job.module, job.args, str(job.log)))
+        with main_module_hidden():
+            self.proc.start()
+        self.pid = self.proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.exitcode
+
+    def wait(self) -> int | None:
+        self.proc.join()
+        return self.proc.exitcode
+
+
+def start(job: Job, extra_env: Mapping[str, str] | None = None, fork: Any = None) -> Running:
+    """Start ``job``'s child in its own process group, dying with this process, its output in its log
+    (``fork``: a forkserver context whose server preloaded the libraries: the child is forked from it)."""
     job.result.parent.mkdir(parents=True, exist_ok=True)
     job.result.unlink(missing_ok=True)
     log = job.log.open("w")
+    if fork is not None:
+        return Running(job, _Forked(fork, job), log, time.monotonic())
     proc = subprocess.Popen([PYTHON, "-m", job.module, *job.args], stdout=log, stderr=subprocess.STDOUT,
                             env=child_env(extra_env), cwd=ROOT, start_new_session=True,
                             preexec_fn=_die_with_parent(os.getpid()))
@@ -173,11 +232,18 @@ class CellRunner:
     line per finished job."""
 
     def __init__(self, total: int, desc: str, *, jobs: int = 1, timeout: float = 900.0,
-                 cluster: Cluster | None = None):
+                 cluster: Cluster | None = None, preload: Sequence[str] = ()):
+        """``preload``: modules a fork server imports once; each local job is then forked from it (Linux)
+        instead of started as a new interpreter; the isolation (own process group, log, timeout, kill) is
+        the same. A given ``cluster`` (Ray) starts its own children."""
         from harness.cluster import LocalCluster
 
         self.timeout = timeout
-        self.cluster = cluster or LocalCluster(jobs)
+        self._fork: Any = None
+        if preload and cluster is None and "forkserver" in multiprocessing.get_all_start_methods():
+            self._fork = multiprocessing.get_context("forkserver")
+            self._fork.set_forkserver_preload(list(preload))
+        self.cluster = cluster or LocalCluster(jobs, fork=self._fork)
         self.bar = Progress(total, desc)
 
     def __enter__(self) -> CellRunner:

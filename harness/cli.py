@@ -23,10 +23,23 @@ def main(argv: list[str] | None = None) -> int:
     zoo = sub.add_parser("zoo", help="the model zoo").add_subparsers(dest="zoo_cmd", required=True)
     zl = zoo.add_parser("list", help="models and their traits")
     zl.add_argument("--params", action="store_true", help="also count tiny-config parameters (builds each model)")
+    zl.add_argument("--catalog", action="store_true", help="the catalog's models (model_zoo/catalog/catalog.jsonl)")
+    zl.add_argument("--trait", action="append", default=[], metavar="K=V",
+                    help="only catalog models with trait K having value V (repeatable; implies --catalog)")
+    zl.add_argument("--all", action="store_true", help="with --catalog: the excluded candidates too, with why")
+    zoo.add_parser("traits", help="every catalog trait value, the models having it and the representative set")
+    zc = zoo.add_parser("collect", help="build every catalog candidate, train it a step, write the catalog file")
+    zc.add_argument("--models", help="comma-separated candidates to (re)collect (default: all; others are kept)")
+    zc.add_argument("--jobs", type=positive_int, default=1, help="candidates built in parallel (own process each)")
+    zc.add_argument("--timeout", type=positive_int, default=300, help="seconds per candidate")
+    zc.add_argument("--out", type=Path, default=None, help="catalog file (default model_zoo/catalog/catalog.jsonl)")
 
     reg = sub.add_parser("registry", help="the shape registry").add_subparsers(dest="reg_cmd", required=True)
     rr = reg.add_parser("record", help="train zoo models a step each and record their ops")
     rr.add_argument("--models", help="comma-separated zoo names (default: all)")
+    rr.add_argument("--catalog", action="store_true",
+                    help="every catalog model that built (tiny configs; `harness zoo list --catalog`), with --models "
+                         "too; the rows of models not re-recorded are kept")
     rr.add_argument("--configs", default="tiny,default")
     rr.add_argument("--out", type=Path, default=None)
     rr.add_argument("--jobs", type=positive_int, default=1)
@@ -60,26 +73,26 @@ def main(argv: list[str] | None = None) -> int:
 
         return fuzz_main(args)
     if args.cmd == "zoo":
-        from harness.zoo_cmd import RegistryError, table
+        from harness.zoo_cmd import main as zoo_main
 
-        try:
-            print(table(with_params=args.params))
-        except RegistryError as e:
-            print(f"harness zoo list: {e}", file=sys.stderr)
-            return USAGE_ERROR
-        return 0
+        return zoo_main(args)
     from harness import registry_cmd
 
     path = getattr(args, "path", None) or getattr(args, "out", None) or registry_cmd.DEFAULT_PATH
     if args.reg_cmd == "record":
         import model_zoo
 
-        models = args.models.split(",") if args.models else model_zoo.names()
+        models = args.models.split(",") if args.models else [] if args.catalog else model_zoo.names()
         for m in models:
             model_zoo.get(m)  # unknown names fail before any work starts
+        cells = [(m, c) for m in models for c in args.configs.split(",")]
+        if args.catalog:
+            from model_zoo import catalog
+
+            cells += [(e.name, "tiny") for e in catalog.built() if e.source != "zoo" and e.name not in models]
         try:
             with cluster.connect(args.cluster, args.jobs) as where:
-                return registry_cmd.record(models, args.configs.split(","), path, jobs=args.jobs, timeout=args.timeout,
+                return registry_cmd.record(cells, path, jobs=args.jobs, timeout=args.timeout,
                                            lazy=not args.no_lazy, max_batch=args.max_batch or None, cluster=where)
         except cluster.ClusterError as e:
             print(f"harness registry record: {e}", file=sys.stderr)

@@ -17,7 +17,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Iterator, Protocol, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 from harness.argtypes import UsageError
 from harness.cells import Job, Outcome, Running, end, start, stop
@@ -96,8 +96,8 @@ def connect(choice: ClusterChoice, jobs: int = 1) -> Iterator[Cluster]:
 class LocalCluster:
     """Child processes of this process, ``jobs`` at a time, each killed at its timeout."""
 
-    def __init__(self, jobs: int = 1):
-        self.jobs = max(1, jobs)
+    def __init__(self, jobs: int = 1, fork: Any = None):
+        self.jobs, self.fork = max(1, jobs), fork
 
     def outcomes(self, jobs: Sequence[Job], timeout: float) -> Iterator[tuple[int, Outcome]]:
         queue = list(enumerate(jobs))
@@ -106,7 +106,7 @@ class LocalCluster:
             while queue or running:
                 while queue and len(running) < self.jobs:
                     i, job = queue.pop(0)
-                    running[i] = start(job)
+                    running[i] = start(job, fork=self.fork)
                 for i, r in list(running.items()):
                     timed_out = time.monotonic() - r.t0 >= timeout
                     if r.proc.poll() is None and not timed_out:

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "shape_registry" / "data" / "registry.jsonl"
 STEPS = 2  # the second step is the steady state (optimizer state exists)
+# imported once by the fork server the recording cells are forked from (hundreds of catalog models)
+PRELOAD = ("torch", "mncore", "transformers", "torchvision", "model_zoo", "shape_registry", "harness.registry_cmd")
 
 
 def record_one(name: str, config: str, out: Path, lazy: bool = True, max_batch: int | None = None) -> None:
@@ -71,28 +73,28 @@ class _Recorded:
     failure: str = ""
 
 
-def record(models: list[str], configs: list[str], out: Path, jobs: int = 1, timeout: int = 1800,
+def record(cells: list[tuple[str, str]], out: Path, jobs: int = 1, timeout: int = 1800,
            lazy: bool = True, max_batch: int | None = None, cluster: Cluster | None = None) -> int:
-    """Record every (model, config) in a child process (on ``cluster``: default here) and merge the
-    results into ``out``."""
+    """Record every (model, config) in a child process (on ``cluster``; default here, forked from a fork
+    server that imported ``PRELOAD``) and merge the results into ``out``."""
     from shape_registry import Registry
 
     with tempfile.TemporaryDirectory() as tmp:
         todo = []
-        for m in models:
-            for c in configs:
-                part = Path(tmp) / f"{m}-{c}.jsonl"
-                args = [m, c, str(part)] + ([] if lazy else ["--no-lazy"])
-                if max_batch and c != "tiny":
-                    args += ["--max-batch", str(max_batch)]
-                todo.append(Job(f"{m}:{c}", "harness.registry_cmd", tuple(args), part, device="pfvm:cpu"))
+        for m, c in cells:
+            part = Path(tmp) / f"{m}-{c}.jsonl"
+            args = [m, c, str(part)] + ([] if lazy else ["--no-lazy"])
+            if max_batch and c != "tiny":
+                args += ["--max-batch", str(max_batch)]
+            todo.append(Job(f"{m}:{c}", "harness.registry_cmd", tuple(args), part, device="pfvm:cpu"))
 
         def finish(o: Outcome) -> _Recorded:
             if o.kind == "result":
                 return _Recorded("ok", Registry.load(o.job.result))
             return _Recorded(o.kind, None, f"{o.job.label}: {o.reason}")
 
-        with CellRunner(len(todo), "recording", jobs=jobs, timeout=timeout, cluster=cluster) as runner:
+        with CellRunner(len(todo), "recording", jobs=jobs, timeout=timeout, cluster=cluster,
+                        preload=PRELOAD) as runner:
             recorded = runner.run(todo, finish)
     merged = Registry()
     for r in recorded:

@@ -18,7 +18,8 @@ from harness.argtypes import USAGE_ERROR, UsageError, directory, positive_int
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--tier", choices=("unit", "models", "full"), required=True)
-    run.add_argument("--backend", help="pfvm:cpu | pfvm:cuda (default: pfvm:cpu; full: every available one)")
+    run.add_argument("--backend", help="pfvm:cpu | pfvm:cuda | emu2 | mncore2:auto, or several comma-separated "
+                                       "(default: pfvm:cpu; full: pfvm:cpu, pfvm:cuda when present, emu2, mncore2:auto)")
     run.add_argument("--models", help="comma-separated names (name or name:config) to run instead of the tier's set")
     run.add_argument("--steps", type=positive_int, default=3)
     run.add_argument("--out", type=directory, help="results directory (default results/<timestamp>)")
@@ -55,16 +56,19 @@ def _picked(args: argparse.Namespace, todo: list[tuple[str, str]]) -> list[tuple
 
 
 def _backends(args: argparse.Namespace) -> list[str]:
+    """``--backend`` (one, or several comma-separated), each checked; default: the tier's."""
     import mncore
     from harness import tiers
 
     if not args.backend:
         return tiers.available_backends() if args.tier == "full" else ["pfvm:cpu"]
-    try:
-        mncore.parse_device(args.backend)
-    except ValueError as e:
-        raise UsageError(f"--backend: {e}") from None
-    return [args.backend]
+    picked = [b.strip() for b in args.backend.split(",") if b.strip()]
+    for b in picked:
+        try:
+            mncore.parse_device(b)
+        except ValueError as e:
+            raise UsageError(f"--backend: {e}") from None
+    return picked
 
 
 def main(args: argparse.Namespace) -> int:
@@ -107,7 +111,7 @@ def _run(args: argparse.Namespace, todo: list[tuple[str, str]], backends: list[s
         try:
             with cluster.connect(args.cluster, args.jobs) as where:
                 tiers.run_models(todo, backends, args.steps, out, jobs=args.jobs, timeout=args.timeout,
-                                 on_row=writer.add, cluster=where)
+                                 on_row=writer.add, cluster=where, fork=args.tier == "full")
         except Interrupted as e:  # the children are already killed (CellRunner.run), the Ray tasks cancelled
             stopped = e
         except cluster.ClusterError as e:

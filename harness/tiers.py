@@ -22,31 +22,54 @@ HEADLINE = [("mlp_w64", "default"), ("mlp_w128", "default"), ("mlp_w256", "defau
             ("resnet18", "default"), ("gpt2_small", "default")]
 
 
-def models_tier() -> list[tuple[str, str]]:
-    """The headline models plus tiny zoo models chosen greedily until every trait value is covered once."""
-    import model_zoo
+def representatives(entries: list) -> list[str]:
+    """The fewest catalog models, greedily, that cover every (trait, value) of ``entries``: the headline
+    models first, then each round the model covering the most values not yet covered (ties: fewer
+    parameters, then name)."""
+    def values(e) -> set[tuple[str, str]]:  # noqa: ANN001 - a catalog Entry
+        return {(k, v) for k, vs in e.traits.items() for v in vs}
 
-    chosen = list(HEADLINE)
-    covered = {(k, model_zoo.get(m).traits.get(k)) for m, _ in chosen for k in model_zoo.TRAIT_KEYS}
-    covered |= {("family", model_zoo.get(m).family) for m, _ in chosen}
-    for spec in sorted(model_zoo.all_specs(), key=lambda s: s.name):
-        values = {(k, spec.traits.get(k)) for k in model_zoo.TRAIT_KEYS} | {("family", spec.family)}
-        if values - covered:
-            chosen.append((spec.name, "tiny"))
-            covered |= values
-    return chosen
+    headline = {m for m, _ in HEADLINE}
+    chosen = [e for e in entries if e.name in headline]
+    covered = set().union(*(values(e) for e in chosen))
+    rest = sorted((e for e in entries if e.name not in headline), key=lambda e: (e.params or 0, e.name))
+    while True:
+        best = max(rest, key=lambda e: len(values(e) - covered), default=None)
+        if best is None or not values(best) - covered:
+            return [e.name for e in chosen]
+        chosen.append(best)
+        covered |= values(best)
+        rest.remove(best)
+
+
+def models_tier() -> list[tuple[str, str]]:
+    """The headline models (default configs) plus the catalog's representative set (tiny configs)."""
+    from model_zoo import catalog
+
+    picked = representatives(catalog.built())
+    headline = {m for m, _ in HEADLINE}
+    return list(HEADLINE) + [(m, "tiny") for m in picked if m not in headline]
 
 
 def full_tier() -> list[tuple[str, str]]:
+    """Every hand-written zoo model in every config, then every other catalog model that built (tiny)."""
     import model_zoo
+    from model_zoo import catalog
 
-    return [(s.name, c) for s in model_zoo.all_specs() for c in s.configs]
+    zoo = [(s.name, c) for s in model_zoo.all_specs() for c in s.configs]
+    hand_written = {m for m, _ in zoo}
+    return zoo + [(e.name, "tiny") for e in catalog.built() if e.name not in hand_written]
 
 
 def available_backends() -> list[str]:
+    """The full tier's backends: pfvm on CPU (and CUDA when present), the emulator and a simulated board."""
     import torch
 
-    return ["pfvm:cpu"] + (["pfvm:cuda"] if torch.cuda.is_available() else [])
+    return ["pfvm:cpu"] + (["pfvm:cuda"] if torch.cuda.is_available() else []) + ["emu2", "mncore2:auto"]
+
+
+# imported once by the fork server every tier cell is forked from (a cell then starts in milliseconds)
+CELL_PRELOAD = ("torch", "mncore", "mncore.context", "transformers", "torchvision", "model_zoo", "harness.runner")
 
 
 def run_id() -> str:
@@ -57,10 +80,12 @@ def run_id() -> str:
 
 def run_models(todo: list[tuple[str, str]], backends: list[str], steps: int, out: Path, jobs: int = 1,
                timeout: int = 900, on_row: Callable[[ModelRow], None] | None = None,
-               cluster: Cluster | None = None) -> list[ModelRow]:
+               cluster: Cluster | None = None, fork: bool = False) -> list[ModelRow]:
     """Run each (model, config, backend) in a child process (``python -m harness.runner``, on ``cluster``:
     default here); every one gives a row, even on a crash, an OOM, a hang or a lost node. ``on_row`` sees
-    each row as its cell finishes."""
+    each row as its cell finishes. ``fork``: local cells are forked from a fork server that imported
+    ``CELL_PRELOAD`` (the full tier's hundreds of tiny models would otherwise spend most of their time
+    importing)."""
     from harness.runner import repro_command
 
     rows_dir = out / "rows" / run_id()
@@ -84,7 +109,8 @@ def run_models(todo: list[tuple[str, str]], backends: list[str], steps: int, out
             on_row(row)
         return row
 
-    with CellRunner(len(cells), "models", jobs=jobs, timeout=timeout, cluster=cluster) as runner:
+    with CellRunner(len(cells), "models", jobs=jobs, timeout=timeout, cluster=cluster,
+                    preload=CELL_PRELOAD if fork else ()) as runner:
         return runner.run(list(cells), finish)
 
 

@@ -1,4 +1,6 @@
-"""All zoo specs by name; each module under ``model_zoo/models`` exports ``SPECS``."""
+"""All zoo specs by name; each module under ``model_zoo/models`` exports ``SPECS`` (the hand-written
+headline models); the catalog's models (``model_zoo.catalog``, names ``hf_*`` and ``tv_*``) are found
+by ``get`` too."""
 from __future__ import annotations
 
 import importlib
@@ -29,8 +31,19 @@ def names() -> list[str]:
     return list(_specs())
 
 
+@lru_cache(maxsize=None)
+def _catalog_spec(name: str) -> ModelSpec | None:
+    from model_zoo import catalog
+
+    return catalog.spec(name) if catalog.is_candidate(name) else None
+
+
 def get(name: str) -> ModelSpec:
     specs = _specs()
-    if name not in specs:
-        raise KeyError(f"unknown zoo model {name!r}; known: {', '.join(specs)}")
-    return specs[name]
+    if name in specs:
+        return specs[name]
+    found = _catalog_spec(name)
+    if found is None:
+        raise KeyError(f"unknown zoo model {name!r}; known: {', '.join(specs)} and the catalog's "
+                       "(`harness zoo list --catalog`)")
+    return found

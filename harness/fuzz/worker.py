@@ -10,7 +10,6 @@ to the oracle that was running. Its stdout and stderr go to a log file (fault ha
 """
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import importlib
 import importlib.util
@@ -22,9 +21,9 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from harness.cells import exit_kind, kill_group, log_tail
+from harness.cells import exit_kind, kill_group, log_tail, main_module_hidden
 
 _PRELOAD = ["torch", "mncore", "mncore.context", "harness.fuzz.oracles", "harness.fuzz.warmup"]
 # One tiny case run by every worker before it reports ready (first-call costs of tracing, compiling
@@ -111,26 +110,6 @@ def _worker_main(conn: Any, backend: str, plugin: str | None, cwd: str, log_path
         conn.send(("done", result))
 
 
-@contextlib.contextmanager
-def _main_module_hidden() -> Iterator[None]:
-    """Start children without re-importing the parent's ``__main__``.
-
-    ``multiprocessing`` re-runs the parent's main script in every forkserver child (pytest's or
-    ``harness``'s: slow) and fails outright when there is none (``python - < script``). The worker's
-    entry point lives in this module, so the children never need it.
-    """
-    main = sys.modules["__main__"]
-    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__}
-    main.__spec__ = None
-    main.__dict__.pop("__file__", None)
-    try:
-        yield
-    finally:
-        main.__dict__.update(saved)
-        if "__spec__" not in saved:
-            del main.__spec__
-
-
 class WorkerSetupError(RuntimeError):
     """The worker could not start (bad backend string, plugin import error, ...)."""
 
@@ -160,7 +139,7 @@ class Worker:
         self.proc = self._ctx.Process(target=_worker_main, daemon=True,
                                       args=(child, self.backend, self.plugin, os.getcwd(), str(self.log_path),
                                             self.codegen_dir))
-        with _main_module_hidden():
+        with main_module_hidden():
             self.proc.start()
         child.close()
         self.conn = parent
