@@ -3,7 +3,7 @@ gradients, judged by ``harness.compare.compare`` with its default tolerances.
 
 A float mismatch counts only if a float64 run says it is not noise (``harness.fuzz.oracles.is_noise``:
 mncore's RMSE against float64 at most twice eager float32's), as the fuzzer rules. Ops whose output is
-random (two eager runs with different seeds disagree) compare metadata only.
+random (eager runs an aten op tagged ``nondeterministic_seeded``) compare metadata only.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
 from harness.compare import compare
@@ -81,22 +82,36 @@ def _grads(thunk: Callable[[], Any], leaves: list[torch.Tensor], process: Callab
     return list(torch.autograd.grad(outs, leaves, _weights(outs, device), allow_unused=True))
 
 
-def is_random(make: Make, want: Any) -> bool:
-    """Two eager runs with different seeds disagree: the output is random."""
-    torch.manual_seed(1)
-    thunk, _ = make("cpu", False)
-    with torch.no_grad():
-        again = thunk()
-    return not compare(again, want)
+class _SeededOps(TorchDispatchMode):
+    """Notes whether any aten op tagged ``nondeterministic_seeded`` ran (OpInfo wraps random ops in a
+    fixed seed, so two eager runs agree while mncore's own random stream differs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.seen = True
+        return func(*args, **(kwargs or {}))
 
 
-def check(make: Make, device: str, *, backward: bool, process: Callable[[Any], Any] = lambda o: o) -> Outcome:
-    """Forward (and, with ``backward``, gradients) of one sample on ``device`` vs eager CPU."""
+def eager_forward(make: Make) -> tuple[Any, bool]:
+    """The eager CPU forward of a sample (seed 0) and whether its output is random."""
     torch.manual_seed(0)
     thunk, _ = make("cpu", False)
-    with torch.no_grad():
-        want = thunk()
-    random = is_random(make, want)
+    mode = _SeededOps()
+    with torch.no_grad(), mode:
+        out = thunk()
+    return out, mode.seen
+
+
+def check(make: Make, device: str, *, backward: bool, process: Callable[[Any], Any] = lambda o: o,
+          meta_only: bool = False) -> Outcome:
+    """Forward (and, with ``backward``, gradients) of one sample on ``device`` vs eager CPU; ``meta_only``:
+    the output is uninitialised memory (``empty_like``), so only its metadata can agree."""
+    want, random = eager_forward(make)
+    random = random or meta_only
     torch.manual_seed(0)
     try:
         with drained():

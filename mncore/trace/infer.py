@@ -31,6 +31,27 @@ def _materialize(x: Any, it: Any, sit: Any) -> Any:
 _CUDA_ONLY_META_RULES = frozenset({"_grouped_mm.default", "grouped_mm.default"})
 
 
+def _eval_batch_norm_stats(args: list, kwargs: dict) -> bool:
+    """Batch norm in eval mode saves no statistics: eager returns them empty ([0]), its meta kernel [C]."""
+    training = kwargs.get("training", args[5] if len(args) > 5 else None)
+    return training is False
+
+
+# Ops whose meta kernel gives outputs another shape than eager's kernels: (when, outputs made empty).
+_EMPTY_OUTPUTS = {
+    "native_batch_norm.default": (_eval_batch_norm_stats, (1, 2)),
+    "_native_batch_norm_legit.default": (_eval_batch_norm_stats, (1, 2)),
+    "_native_batch_norm_legit_no_training.default": (lambda args, kwargs: True, (1, 2)),
+}
+
+
+def _empty_outputs(target: Any, margs: list, mkw: dict, out: Any) -> Any:
+    rule = _EMPTY_OUTPUTS.get(getattr(getattr(target, "op", target), "__name__", ""))  # MutateFn wraps its op
+    if rule is None or not isinstance(out, tuple) or not rule[0](margs, mkw):
+        return out
+    return tuple(o.new_empty((0,)) if i in rule[1] else o for i, o in enumerate(out))
+
+
 class FallbackNeeded(Exception):
     """Meta inference cannot know the output shape (data-dependent op): run it eagerly."""
 
@@ -50,6 +71,7 @@ def _infer(target: Any, targs: tuple, tkw: tuple, inputs: list, sigs: list) -> t
         if "data-dependent" in msg or "DataDependent" in msg or "meta tensors" in msg or "Meta" in msg:
             raise FallbackNeeded(msg) from e
         raise
+    out = _empty_outputs(target, margs, mkw, out)
     if isinstance(out, torch.Tensor):
         return None, (meta_of(out),)
     if isinstance(out, (tuple, list)):
