@@ -34,6 +34,17 @@ class StaticShapeError(RuntimeError):
     """A graph holds a value whose shape is not known at compile time (emu2/mncore2 need static shapes)."""
 
 
+class LayoutError(TypeError):
+    """A tensor of a layout mncore has no buffers for (sparse COO/CSR/CSC/BSR/BSC, mkldnn): names the layout
+    and the fix (``.to_dense()`` first, or keep the sparse work on the CPU)."""
+
+
+def layout_error(layout: object, what: str) -> LayoutError:
+    """The one message of an unsupported layout (uploads and ops producing one say the same)."""
+    return LayoutError(f"mncore supports only strided (dense) tensors, but {what} has layout {layout}; convert it "
+                       f"with .to_dense() before moving it to mncore, or keep the {layout} work on the CPU")
+
+
 class DeviceOutOfMemoryError(MemoryError):
     """A graph's memory plan does not fit the device DRAM left free by live tensors."""
 

@@ -121,3 +121,55 @@ def test_eval_batch_norm_saves_empty_statistics(op):
     got = fn(*[a.to("mncore") for a in args], False, 0.1, 1e-5)
     for g, w in zip(got, want):
         _same(g, w)  # eager saves no statistics in eval: both are empty
+
+
+def _grad_pair(f, *shape):
+    """f's output and input gradient (fixed output weights) on CPU and on mncore."""
+    x = torch.randn(*shape, requires_grad=True)
+    d = x.detach().to("mncore").requires_grad_()
+    (want,), (got,) = [torch.autograd.grad(f(t), t, torch.ones_like(f(t))) for t in (x, d)]
+    return got, want
+
+
+def test_sgn_backward():
+    got, want = _grad_pair(lambda t: torch.sgn(t) * t, 4, 5)  # sgn's own gradient is autograd's zero tensor
+    _same(got, want)
+
+
+def test_tensor_split_with_device_indices():
+    x = torch.randn(5, 6)
+    for split in (torch.tensor([1, 4]), torch.tensor(3)):
+        want = torch.tensor_split(x, split, dim=1)
+        got = torch.tensor_split(x.to("mncore"), split.to("mncore"), dim=1)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            _same(g, w)
+
+
+def test_repeat_interleave_with_tensor_repeats_and_backward():
+    repeats = torch.tensor([1, 0, 3])
+    got, want = _grad_pair(lambda t: t.repeat_interleave(repeats.to(t.device), dim=1) * 2, 2, 3)
+    _same(got, want)
+    x = torch.randn(2, 3)
+    _same(x.to("mncore").repeat_interleave(repeats.to("mncore"), dim=1), x.repeat_interleave(repeats, dim=1))
+
+
+@pytest.mark.parametrize("fn", ["hfft", "hfft2", "hfftn"])
+def test_hfft_backward_resolves_conjugate_views(fn):
+    f = getattr(torch.fft, fn)
+    x = torch.randn(3, 4, 5, requires_grad=True)  # a real input: its gradient passes through conj views
+    d = x.detach().to("mncore").requires_grad_()
+    want, got = f(x), f(d)
+    torch.testing.assert_close(got.cpu(), want)
+    w = torch.randn(want.shape)
+    (gw,), (gg,) = torch.autograd.grad(want, x, w), torch.autograd.grad(got, d, w.to("mncore"))
+    torch.testing.assert_close(gg.cpu(), gw)
+
+
+@pytest.mark.parametrize("make", [lambda: torch.eye(3).to_sparse().to("mncore"),
+                                  lambda: torch.eye(3).to("mncore").to_sparse(),
+                                  lambda: torch.eye(3).to("mncore").to_sparse_csr()],
+                         ids=["upload a COO tensor", "to_sparse", "to_sparse_csr"])
+def test_sparse_layouts_refused_clearly(make):
+    with pytest.raises(mncore.errors.LayoutError, match=r"layout torch\.sparse_(coo|csr).*\.to_dense\(\)"):
+        make()

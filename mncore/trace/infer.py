@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from mncore.errors import layout_error
 from mncore.ir.meta import meta_of
 from mncore.ir.values import DEV, OpSig, ScalarMarker, T
 from mncore.observe import metrics
@@ -68,10 +69,14 @@ def _infer(target: Any, targs: tuple, tkw: tuple, inputs: list, sigs: list) -> t
         msg = str(e)
         if getattr(target, "__name__", "") in _CUDA_ONLY_META_RULES:
             raise FallbackNeeded(msg) from e
-        if "data-dependent" in msg or "DataDependent" in msg or "meta tensors" in msg or "Meta" in msg:
+        if ("data-dependent" in msg or "DataDependent" in msg or "meta tensors" in msg or "Meta" in msg
+                or "meta tensor without" in msg):  # repeat_interleave without output_size
             raise FallbackNeeded(msg) from e
         raise
     out = _empty_outputs(target, margs, mkw, out)
+    for o in out if isinstance(out, (tuple, list)) else (out,):
+        if isinstance(o, torch.Tensor) and o.layout != torch.strided:
+            raise layout_error(o.layout, f"the result of {getattr(target, '__name__', target)}")
     if isinstance(out, torch.Tensor):
         return None, (meta_of(out),)
     if isinstance(out, (tuple, list)):
