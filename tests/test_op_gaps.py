@@ -14,15 +14,6 @@ import mncore
 pytestmark = pytest.mark.unit
 
 
-@pytest.fixture(autouse=True)
-def _lazy_cpu():
-    mncore.init_cpu(implicit_sync="silent")
-    torch.manual_seed(0)
-    yield
-    mncore.sync()
-    mncore.wait_device_ops()
-
-
 def _same(got: torch.Tensor, want: torch.Tensor) -> None:
     """Same values, shape and strides (both sides run the same CPU kernels: exact up to float rounding)."""
     assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
@@ -173,3 +164,10 @@ def test_hfft_backward_resolves_conjugate_views(fn):
 def test_sparse_layouts_refused_clearly(make):
     with pytest.raises(mncore.errors.LayoutError, match=r"layout torch\.sparse_(coo|csr).*\.to_dense\(\)"):
         make()
+
+
+def test_unreduced_multilabel_margin_loss_of_a_1d_input():
+    """Eager gives a 0-d loss where the meta kernel says [1]: the trace follows eager."""
+    x, t = torch.randn(10), torch.tensor([3, 0, -1, 5, 0, 0, 0, 0, 0, 0])
+    loss = nn.MultiLabelMarginLoss(reduction="none")
+    _same(loss(x.to("mncore"), t.to("mncore")), loss(x, t))
