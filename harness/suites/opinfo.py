@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -56,7 +56,6 @@ class OpResult:
     message: str = ""
     failing_sample: str = ""
     wall_s: float = 0.0
-    per_sample: list[str] = field(default_factory=list)
 
     @property
     def reason(self) -> str:
@@ -85,8 +84,7 @@ def summarize(name: str, outcomes: list[tuple[str, Outcome]], wall_s: float, bac
     bw_status = "n/a" if not backward else ("fail" if any(o.stage == "backward" for _, o in bad) else
                                             "pass" if "pass" in bw else bw[0])
     res = OpResult(name, "pass", samples=len(outcomes), passed=len(outcomes) - len(bad),
-                   noise=sum(o.noise for _, o in outcomes), backward=bw_status, wall_s=wall_s,
-                   per_sample=["pass" if o.ok else f"{o.stage}: {o.message[:120]}" for _, o in outcomes])
+                   noise=sum(o.noise for _, o in outcomes), backward=bw_status, wall_s=wall_s)
     if bad:
         desc, first = bad[0]
         res.status = "error" if first.error else "fail"
