@@ -48,6 +48,17 @@ class HostFallbackWarning(UserWarning):
     """An op a static-shape device cannot hold in a graph ran on the host (shown once per call site)."""
 
 
+class LayoutError(TypeError):
+    """A tensor of a layout mncore has no buffers for (sparse COO/CSR/CSC/BSR/BSC, mkldnn): names the layout
+    and the fix (``.to_dense()`` first, or keep the sparse work on the CPU)."""
+
+
+def layout_error(layout: object, what: str) -> LayoutError:
+    """The one message of an unsupported layout (uploads and ops producing one say the same)."""
+    return LayoutError(f"mncore supports only strided (dense) tensors, but {what} has layout {layout}; convert it "
+                       f"with .to_dense() before moving it to mncore, or keep the {layout} work on the CPU")
+
+
 class DeviceOutOfMemoryError(MemoryError):
     """A graph's memory plan does not fit the device DRAM left free by live tensors."""
 

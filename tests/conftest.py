@@ -20,7 +20,7 @@ SIM_ENV_VARS = tuple(k.env for k in mncore.config.KNOBS if k.field != "optest_sa
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Unmarked tests belong to the fast ``unit`` tier."""
     for item in items:
-        if not any(item.get_closest_marker(m) for m in ("unit", "models", "full")):
+        if not any(item.get_closest_marker(m) for m in ("unit", "models", "full", "opinfo")):
             item.add_marker(pytest.mark.unit)
 
 

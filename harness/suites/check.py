@@ -3,7 +3,7 @@ gradients, judged by ``harness.compare.compare`` with its default tolerances.
 
 A float mismatch counts only if a float64 run says it is not noise (``harness.fuzz.oracles.is_noise``:
 mncore's RMSE against float64 at most twice eager float32's), as the fuzzer rules. Ops whose output is
-random (two eager runs with different seeds disagree) compare metadata only.
+random (eager runs an aten op tagged ``nondeterministic_seeded``) compare metadata only.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
 from harness.compare import compare
@@ -63,40 +64,63 @@ def _differentiable(out: Any) -> list[torch.Tensor]:
             and (t.is_floating_point() or t.is_complex())]
 
 
-def _weights(outs: list[torch.Tensor], device: str) -> list[torch.Tensor]:
+def _weights(outs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Fixed random output weights (drawn in double on the CPU, so every run uses the same)."""
     g = torch.Generator().manual_seed(1234)
     ws = []
     for o in outs:
         dt = torch.complex128 if o.is_complex() else torch.float64
-        ws.append(torch.randn(o.shape, generator=g, dtype=dt).to(o.dtype).to(device))
+        ws.append(torch.randn(o.shape, generator=g, dtype=dt).to(o.dtype).to(o.device))  # .to('cpu') outputs stay
     return ws
 
 
-def _grads(thunk: Callable[[], Any], leaves: list[torch.Tensor], process: Callable[[Any], Any],
-           device: str) -> list[torch.Tensor | None] | None:
+def _grads(thunk: Callable[[], Any], leaves: list[torch.Tensor],
+           process: Callable[[Any], Any]) -> list[torch.Tensor | None] | None:
     outs = _differentiable(process(thunk()))
     if not outs or not leaves:
         return None
-    return list(torch.autograd.grad(outs, leaves, _weights(outs, device), allow_unused=True))
+    return list(torch.autograd.grad(outs, leaves, _weights(outs), allow_unused=True))
 
 
-def is_random(make: Make, want: Any) -> bool:
-    """Two eager runs with different seeds disagree: the output is random."""
-    torch.manual_seed(1)
-    thunk, _ = make("cpu", False)
-    with torch.no_grad():
-        again = thunk()
-    return not compare(again, want)
+class _SeededOps(TorchDispatchMode):
+    """Notes whether any aten op tagged ``nondeterministic_seeded`` ran (OpInfo wraps random ops in a
+    fixed seed, so two eager runs agree while mncore's own random stream differs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if torch.Tag.nondeterministic_seeded in func.tags and not _draws_nothing(func, args, kwargs):
+            self.seen = True
+        return func(*args, **kwargs)
 
 
-def check(make: Make, device: str, *, backward: bool, process: Callable[[Any], Any] = lambda o: o) -> Outcome:
-    """Forward (and, with ``backward``, gradients) of one sample on ``device`` vs eager CPU."""
+def _draws_nothing(func: Any, args: tuple, kwargs: dict) -> bool:
+    """A seeded op that draws no random numbers this call: dropout probability 0 or not training
+    (attention kernels are tagged for their optional dropout)."""
+    named = {a.name: (args[i] if i < len(args) else kwargs.get(a.name, a.default_value if a.has_default_value() else None))
+             for i, a in enumerate(func._schema.arguments)}
+    return named.get("dropout_p", named.get("p")) == 0 or named.get("train") is False
+
+
+def eager_forward(make: Make) -> tuple[Any, bool]:
+    """The eager CPU forward of a sample (seed 0) and whether its output is random."""
     torch.manual_seed(0)
     thunk, _ = make("cpu", False)
-    with torch.no_grad():
-        want = thunk()
-    random = is_random(make, want)
+    mode = _SeededOps()
+    with torch.no_grad(), mode:
+        out = thunk()
+    return out, mode.seen
+
+
+def check(make: Make, device: str, *, backward: bool, process: Callable[[Any], Any] = lambda o: o,
+          meta_only: bool = False) -> Outcome:
+    """Forward (and, with ``backward``, gradients) of one sample on ``device`` vs eager CPU; ``meta_only``:
+    the output is uninitialised memory (``empty_like``), so only its metadata can agree."""
+    want, random = eager_forward(make)
+    random = random or meta_only
     torch.manual_seed(0)
     try:
         with drained():
@@ -118,7 +142,7 @@ def check(make: Make, device: str, *, backward: bool, process: Callable[[Any], A
     torch.manual_seed(0)
     try:
         thunk, leaves = make("cpu", False)
-        want_g = _grads(thunk, leaves, process, "cpu")
+        want_g = _grads(thunk, leaves, process)
     except Exception as e:  # noqa: BLE001 - no eager derivative: no reference
         return Outcome(True, noise=noise, backward=f"n/a: eager backward raises {type(e).__name__}")
     if want_g is None:
@@ -127,7 +151,7 @@ def check(make: Make, device: str, *, backward: bool, process: Callable[[Any], A
     try:
         with drained():
             thunk, leaves = make(device, False)
-            got_g = to_host(_grads(thunk, leaves, process, device))
+            got_g = to_host(_grads(thunk, leaves, process))
     except Exception as e:  # noqa: BLE001
         return Outcome(False, "backward", _error(e), error=True, noise=noise)
     v = compare(got_g, want_g, path="grad")
@@ -135,7 +159,7 @@ def check(make: Make, device: str, *, backward: bool, process: Callable[[Any], A
         def reference() -> Any:
             torch.manual_seed(0)
             t, ls = make("cpu", True)
-            return _grads(t, ls, process, "cpu")
+            return _grads(t, ls, process)
         if not is_noise(got_g, want_g, reference):
             return Outcome(False, "backward", v.message, noise=noise)
         noise = True

@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import torch
 
+from mncore.ir.ops import LAZY_BIT_VIEWS
+
 aten = torch.ops.aten
 
 
@@ -25,6 +27,7 @@ _BUILTIN: dict[Any, Callable] = {
     aten.view.default: aten.reshape.default,
     aten._unsafe_view.default: aten.reshape.default,
     aten.histc.default: _histc_any_dtype,
+    **LAZY_BIT_VIEWS,
 }
 _overrides: dict[Any, Callable] = {}
 _version = [0]

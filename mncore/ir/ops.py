@@ -21,6 +21,11 @@ HOST_OPS = {
 _DETERMINISTIC = frozenset({"_scaled_dot_product_flash_attention_for_cpu"})
 
 
+# Views that set a lazy bit (conjugate, negative) on their result: computed physically wherever a view
+# chain or a graph runs them on real buffers, since later views (view_as_real) refuse unresolved bits.
+LAZY_BIT_VIEWS = {aten._conj.default: aten.conj_physical.default, aten._neg_view.default: aten.neg.default}
+
+
 @dataclass(eq=False)
 class OpInfo:
     """What the tracer needs to know about one ``OpOverload``."""
@@ -49,7 +54,7 @@ _UNDECLARED_MUTATIONS = {
     "native_batch_norm": (3, 4),  # running_mean, running_var (updated when training=True)
 }
 
-# In-place ops that change a tensor's shape/strides; a lazy wrapper's metadata is immutable.
+# In-place ops that change a tensor's shape/strides (applied to the wrapper's metadata, not traced as values).
 METADATA_INPLACE = frozenset({
     "squeeze_", "unsqueeze_", "transpose_", "t_", "swapdims_", "swapaxes_", "as_strided_", "resize_",
     "resize_as_", "set_", "_resize_output_",

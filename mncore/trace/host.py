@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from mncore.config import settings
-from mncore.errors import ImplicitSyncError, ImplicitSyncWarning, NotCompilableError
+from mncore.errors import ImplicitSyncError, ImplicitSyncWarning, NotCompilableError, layout_error
 from mncore.ir.meta import meta_of
 from mncore.ir.values import Data, Node, describe_site
 from mncore.observe import metrics
@@ -125,9 +125,7 @@ def fallback(info: Any, func: Any, args: tuple, kwargs: dict, why: str) -> Any:
     def wrap(o: Any) -> Any:
         if isinstance(o, torch.Tensor):
             if o.layout != torch.strided:
-                raise NotImplementedError(
-                    f"mncore: {info.name} returns a {o.layout} tensor, and mncore tensors are dense (strided) only; "
-                    "keep sparse tensors on the CPU (x.cpu() first)")
+                raise layout_error(o.layout, f"the result of {info.name}")
             meta = meta_of(o)
             return new_tensor((Data(meta, o), 0), meta)
         if isinstance(o, (list, tuple)):

@@ -6,7 +6,9 @@ from typing import Any
 
 import torch
 
+from mncore.errors import layout_error
 from mncore.ir.meta import meta_of
+from mncore.ir.targets import MutateFn
 from mncore.ir.values import DEV, OpSig, ScalarMarker, T
 from mncore.observe import metrics
 from mncore.trace.sites import user_site
@@ -31,6 +33,36 @@ def _materialize(x: Any, it: Any, sit: Any) -> Any:
 _CUDA_ONLY_META_RULES = frozenset({"_grouped_mm.default", "grouped_mm.default"})
 
 
+def _eval_batch_norm(args: list, kwargs: dict, out: tuple) -> tuple:
+    """Batch norm in eval mode saves no statistics: eager returns them empty ([0]), its meta kernel [C]."""
+    training = kwargs.get("training", args[5] if len(args) > 5 else False)
+    if training is not False:
+        return out
+    return (out[0], out[1].new_empty((0,)), out[2].new_empty((0,)), *out[3:])
+
+
+def _unreduced_1d_multilabel_loss(args: list, kwargs: dict, out: tuple) -> tuple:
+    """``multilabel_margin_loss_forward`` of a 1-d input without reduction: eager's loss is 0-d, meta's [1]."""
+    reduction = kwargs.get("reduction", args[2] if len(args) > 2 else 1)
+    return (out[0].reshape(()), *out[1:]) if args[0].dim() == 1 and reduction == 0 else out
+
+
+# Ops whose meta kernel gives outputs another shape than eager's kernels: the rule makes them agree.
+_CPU_SHAPES = {
+    "native_batch_norm.default": _eval_batch_norm,
+    "_native_batch_norm_legit.default": _eval_batch_norm,
+    "_native_batch_norm_legit_no_training.default": lambda args, kwargs, out: _eval_batch_norm(
+        [*args[:5], False], {}, out),
+    "multilabel_margin_loss_forward.default": _unreduced_1d_multilabel_loss,
+}
+
+
+def _cpu_shapes(target: Any, margs: list, mkw: dict, out: Any) -> Any:
+    op = target.op if isinstance(target, MutateFn) else target  # ops writing their arguments are wrapped
+    rule = _CPU_SHAPES.get(getattr(op, "__name__", ""))
+    return rule(margs, mkw, out) if rule is not None and isinstance(out, tuple) else out
+
+
 class FallbackNeeded(Exception):
     """Meta inference cannot know the output shape (data-dependent op): run it eagerly."""
 
@@ -47,9 +79,14 @@ def _infer(target: Any, targs: tuple, tkw: tuple, inputs: list, sigs: list) -> t
         msg = str(e)
         if getattr(target, "__name__", "") in _CUDA_ONLY_META_RULES:
             raise FallbackNeeded(msg) from e
-        if "data-dependent" in msg or "DataDependent" in msg or "meta tensors" in msg or "Meta" in msg:
+        if ("data-dependent" in msg or "DataDependent" in msg or "meta tensors" in msg or "Meta" in msg
+                or "meta tensor without" in msg):  # repeat_interleave without output_size
             raise FallbackNeeded(msg) from e
         raise
+    out = _cpu_shapes(target, margs, mkw, out)
+    for o in out if isinstance(out, (tuple, list)) else (out,):
+        if isinstance(o, torch.Tensor) and o.layout != torch.strided:
+            raise layout_error(o.layout, f"the result of {getattr(target, '__name__', target)}")
     if isinstance(out, torch.Tensor):
         return None, (meta_of(out),)
     if isinstance(out, (tuple, list)):

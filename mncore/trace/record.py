@@ -8,6 +8,7 @@ import torch
 
 from mncore.config import require_init, settings
 from mncore.devices import registry
+from mncore.errors import layout_error
 from mncore.ir import ops as opinfo
 from mncore.ir.meta import TensorMeta, meta_of
 from mncore.ir.targets import MutateFn, Seeded, random_supported
@@ -50,6 +51,8 @@ def new_tensor(ref: tuple, meta: TensorMeta) -> LazyTensor:
 def upload(tensor: torch.Tensor) -> Data:
     """A copy of a host tensor as a new device buffer (counted against the device's memory)."""
     require_init()
+    if tensor.layout != torch.strided:
+        raise layout_error(tensor.layout, f"a host tensor of shape {list(tensor.shape)}")
     nbytes = tensor.numel() * tensor.element_size()
     registry.active().check_upload(nbytes, tensor.shape, tensor.dtype)
     leaf = Data(meta_of(tensor), tensor.detach().to(settings.exec_device, copy=True))

@@ -95,6 +95,21 @@ def _gru(input: torch.Tensor, hx: torch.Tensor, params: list, has_biases: bool, 
     return (layer_in.transpose(0, 1) if batch_first else layer_in), torch.stack(last_h)
 
 
+def _efficient_zeros(size: list, *, dtype: Any = None, layout: Any = None, device: Any = None,
+                     pin_memory: Any = None) -> torch.Tensor:
+    """``_efficientzerotensor`` (autograd's zero gradients, e.g. of ``sgn``): plain zeros on mncore."""
+    return torch.zeros(size, dtype=dtype, device=DEVICE_NAME)
+
+
+def _tensor_split(self: torch.Tensor, tensor_indices_or_sections: torch.Tensor, dim: int = 0) -> tuple:
+    """``tensor_split`` with a tensor of indices: ATen wants it on the CPU; one on mncore is read to the host
+    (its values are the split points, as they are for a CPU tensor)."""
+    split = tensor_indices_or_sections.cpu()
+    if split.dim() == 0:
+        return aten.tensor_split.sections(self, int(split), dim)
+    return aten.tensor_split.indices(self, split.tolist(), dim)
+
+
 def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """``copy_`` reaching the backend kernel (Python key excluded, e.g. inside ``torch.tensor``)."""
     LazyTensor.__torch_dispatch__(aten.copy_.default, (), (dst, src), {})
@@ -139,6 +154,8 @@ def register() -> None:
     _lib.impl("_thnn_fused_gru_cell", _fused_gru_cell, "AutogradPrivateUse1")
     _lib.impl("gru.input", _gru, "AutogradPrivateUse1")
     _lib.impl("_copy_from_and_resize", _copy_from, "PrivateUse1")
+    _lib.impl("_efficientzerotensor", _efficient_zeros, "PrivateUse1")
+    _lib.impl("tensor_split.tensor_indices_or_sections", _tensor_split, "AutogradPrivateUse1")
     global _fallback_lib
     _fallback_lib = torch.library.Library("_", "IMPL")
     autocast.register(_lib, _fallback_lib)

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from mncore.ir.ops import LAZY_BIT_VIEWS
+
 aten = torch.ops.aten
 
 RESHAPES = {aten.view.default, aten._reshape_alias.default, aten.unsqueeze.default, aten.squeeze.default,
@@ -82,6 +84,7 @@ def inverse(op: Any, args: tuple, parent_shape: tuple) -> tuple[str, Any, tuple]
 
 def apply_eager(op: Any, args: tuple, tensor: torch.Tensor) -> torch.Tensor:
     """Apply one chain element to a real tensor (host reads of a view of synced data)."""
+    op = LAZY_BIT_VIEWS.get(op, op)
     if op in RESHAPES or op is aten.view.default:
         return tensor.reshape(args[0]) if op in (aten.view.default, aten._reshape_alias.default,
                                                    aten._unsafe_view.default) else op(tensor, *args)

@@ -1,0 +1,173 @@
+"""Ops the OpInfo suite found missing or wrong on mncore, each against eager PyTorch on CPU: in-place
+metadata ops (and what uses them: ``stft``, ``quantile``, ``nn.LSTM``), eval-mode batch-norm statistics,
+tensor indices on the device, derivatives without mncore kernels, and a clear refusal of sparse layouts."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import mncore
+
+pytestmark = pytest.mark.unit
+
+
+def _same(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Same values, shape and strides (both sides run the same CPU kernels: exact up to float rounding)."""
+    assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+    torch.testing.assert_close(got.cpu(), want)
+
+
+METADATA_OPS = {
+    "transpose_": lambda x: x.transpose_(0, 1),
+    "t_": lambda x: x.t_(),
+    "swapdims_": lambda x: x.swapdims_(0, 1),
+    "unsqueeze_": lambda x: x.unsqueeze_(1),
+    "squeeze_": lambda x: x.squeeze_(),
+    "squeeze_.dim": lambda x: x.squeeze_(1),
+    "as_strided_ other shape": lambda x: x.as_strided_([3], [2]),
+    "resize_ same numel": lambda x: x.resize_(3, 2),
+    "resize_ smaller": lambda x: x.resize_(2, 2),
+    "resize_ of a transposed view": lambda x: x.t().resize_(6),
+    "resize_as_": lambda x: x.resize_as_(torch.empty(6, device=x.device)),
+}
+
+
+@pytest.mark.parametrize("name", list(METADATA_OPS))
+def test_inplace_metadata_op(name):
+    f = METADATA_OPS[name]
+    x = torch.randn(2, 1, 3) if name.startswith("squeeze") else torch.randn(2, 3)
+    d = x.to("mncore")
+    got, want = f(d), f(x)
+    _same(got, want)
+    if name != "resize_ of a transposed view":
+        assert got is d  # the op changed the tensor itself
+
+
+def test_resize_growing_keeps_the_old_values():
+    x = torch.randn(2, 3)
+    d = x.to("mncore").resize_(4, 5)
+    assert (d.shape, d.stride()) == ((4, 5), (5, 1))
+    torch.testing.assert_close(d.cpu().flatten()[:6], x.flatten())  # the rest is uninitialised in eager
+
+
+def test_writes_through_an_inplace_view_reach_the_base():
+    def f(x):
+        v = x[1:]
+        v.transpose_(0, 1).mul_(2)
+        v.unsqueeze_(0)[0, 0] += 1
+        return x, v
+
+    x = torch.randn(3, 4)
+    (gb, gv), (wb, wv) = f(x.to("mncore")), f(x.clone())
+    _same(gb, wb)
+    _same(gv, wv)
+
+
+def test_gradient_through_transpose_():
+    x = torch.randn(3, 4, requires_grad=True)
+    d = x.detach().to("mncore").requires_grad_()
+    for t in (x, d):
+        y = t * 1
+        y.transpose_(0, 1)
+        (y.sum(0) ** 2).sum().backward()
+    torch.testing.assert_close(d.grad.cpu(), x.grad)
+
+
+def test_stft_and_quantile_use_inplace_metadata_ops():
+    x = torch.randn(64)
+    q = torch.tensor([0.1, 0.5, 0.9])
+    window = torch.hann_window(16)
+    want = torch.stft(x, 16, window=window, return_complex=True)
+    got = torch.stft(x.to("mncore"), 16, window=window.to("mncore"), return_complex=True)
+    torch.testing.assert_close(got.cpu(), want)
+    y = torch.randn(5, 7)
+    y[1, 2] = float("nan")
+    torch.testing.assert_close(torch.quantile(y.to("mncore"), q.to("mncore"), dim=1).cpu(), torch.quantile(y, q, dim=1),
+                               equal_nan=True)  # the row holding the NaN is NaN on both sides
+    torch.testing.assert_close(torch.nanquantile(y.to("mncore"), q.to("mncore"), dim=0).cpu(),
+                               torch.nanquantile(y, q, dim=0))
+
+
+def test_lstm_batch_first_forward_and_backward():
+    lstm = nn.LSTM(4, 5, num_layers=2, batch_first=True, bidirectional=True)
+    x = torch.randn(3, 6, 4, requires_grad=True)
+    dev_lstm = copy.deepcopy(lstm).to("mncore")
+    xd = x.detach().to("mncore").requires_grad_()
+    want, got = lstm(x)[0], dev_lstm(xd)[0]
+    torch.testing.assert_close(got.cpu(), want)
+    want.square().sum().backward()
+    got.square().sum().backward()
+    torch.testing.assert_close(xd.grad.cpu(), x.grad)
+    torch.testing.assert_close(dev_lstm.weight_hh_l1.grad.cpu(), lstm.weight_hh_l1.grad)
+
+
+@pytest.mark.parametrize("op", ["native_batch_norm", "_native_batch_norm_legit"])
+def test_eval_batch_norm_saves_empty_statistics(op):
+    args = [torch.randn(3, 2, 4), torch.randn(2), torch.randn(2), torch.randn(2), torch.rand(2) + 0.5]
+    fn = getattr(torch.ops.aten, op)
+    want = fn(*args, False, 0.1, 1e-5)
+    got = fn(*[a.to("mncore") for a in args], False, 0.1, 1e-5)
+    for g, w in zip(got, want):
+        _same(g, w)  # eager saves no statistics in eval: both are empty
+
+
+def _grad_pair(f, *shape):
+    """f's output and input gradient (fixed output weights) on CPU and on mncore."""
+    x = torch.randn(*shape, requires_grad=True)
+    d = x.detach().to("mncore").requires_grad_()
+    (want,), (got,) = [torch.autograd.grad(f(t), t, torch.ones_like(f(t))) for t in (x, d)]
+    return got, want
+
+
+def test_sgn_backward():
+    got, want = _grad_pair(lambda t: torch.sgn(t) * t, 4, 5)  # sgn's own gradient is autograd's zero tensor
+    _same(got, want)
+
+
+def test_tensor_split_with_device_indices():
+    x = torch.randn(5, 6)
+    for split in (torch.tensor([1, 4]), torch.tensor(3)):
+        want = torch.tensor_split(x, split, dim=1)
+        got = torch.tensor_split(x.to("mncore"), split.to("mncore"), dim=1)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            _same(g, w)
+
+
+def test_repeat_interleave_with_tensor_repeats_and_backward():
+    repeats = torch.tensor([1, 0, 3])
+    got, want = _grad_pair(lambda t: t.repeat_interleave(repeats.to(t.device), dim=1) * 2, 2, 3)
+    _same(got, want)
+    x = torch.randn(2, 3)
+    _same(x.to("mncore").repeat_interleave(repeats.to("mncore"), dim=1), x.repeat_interleave(repeats, dim=1))
+
+
+@pytest.mark.parametrize("fn", ["hfft", "hfft2", "hfftn"])
+def test_hfft_backward_resolves_conjugate_views(fn):
+    f = getattr(torch.fft, fn)
+    x = torch.randn(3, 4, 5, requires_grad=True)  # a real input: its gradient passes through conj views
+    d = x.detach().to("mncore").requires_grad_()
+    want, got = f(x), f(d)
+    torch.testing.assert_close(got.cpu(), want)
+    w = torch.randn(want.shape)
+    (gw,), (gg,) = torch.autograd.grad(want, x, w), torch.autograd.grad(got, d, w.to("mncore"))
+    torch.testing.assert_close(gg.cpu(), gw)
+
+
+@pytest.mark.parametrize("make", [lambda: torch.eye(3).to_sparse().to("mncore"),
+                                  lambda: torch.eye(3).to("mncore").to_sparse(),
+                                  lambda: torch.eye(3).to("mncore").to_sparse_csr()],
+                         ids=["upload a COO tensor", "to_sparse", "to_sparse_csr"])
+def test_sparse_layouts_refused_clearly(make):
+    with pytest.raises(mncore.errors.LayoutError, match=r"layout torch\.sparse_(coo|csr).*\.to_dense\(\)"):
+        make()
+
+
+def test_unreduced_multilabel_margin_loss_of_a_1d_input():
+    """Eager gives a 0-d loss where the meta kernel says [1]: the trace follows eager."""
+    x, t = torch.randn(10), torch.tensor([3, 0, -1, 5, 0, 0, 0, 0, 0, 0])
+    loss = nn.MultiLabelMarginLoss(reduction="none")
+    _same(loss(x.to("mncore"), t.to("mncore")), loss(x, t))
