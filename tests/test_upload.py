@@ -58,3 +58,8 @@ def test_upload_of_a_leaf_that_requires_grad_carries_the_gradient_back() -> None
 def test_upload_refuses_a_second_device_index() -> None:
     with pytest.raises(ValueError, match="one device"):
         torch.randn(2).to("mncore:1")
+
+
+def test_upload_of_a_sparse_tensor_names_the_layout_and_the_fix() -> None:
+    with pytest.raises(mncore.errors.LayoutError, match=r"sparse_coo.*\.to_dense\(\)"):
+        torch.randn(3, 3).to_sparse().to("mncore")

@@ -13,6 +13,7 @@ import torch
 from torch.utils._mode_utils import no_dispatch
 
 from mncore.config import require_init
+from mncore.errors import layout_error
 from mncore.ir import ops as opinfo
 from mncore.observe import metrics
 from mncore.trace import views
@@ -281,8 +282,8 @@ def upload_kernel(src: torch.Tensor, *, dtype: Any = None, layout: Any = None, d
     require_init()
     device_arg(device)
     if layout not in (None, torch.strided) or src.layout != torch.strided:
-        raise NotImplementedError(f"mncore: tensors on the mncore device are dense (torch.strided); got layout "
-                                  f"{layout if layout is not None else src.layout}. Convert first: x.to_dense()")
+        raise layout_error(src.layout if layout in (None, torch.strided) else layout,
+                           f"a host tensor of shape {list(src.shape)}")
     if src.device.type == "meta":
         raise RuntimeError("mncore: cannot copy from a meta tensor")
     if dtype not in (None, src.dtype) or memory_format not in (None, torch.preserve_format) or not (
