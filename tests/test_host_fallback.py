@@ -156,7 +156,7 @@ def test_pfvm_still_runs_them_eagerly_without_a_warning():
 
 
 def test_sparse_results_are_refused_clearly(static_device):
-    with pytest.raises(NotImplementedError, match="sparse_coo tensor, and mncore tensors are dense"):
+    with pytest.raises(mncore.errors.LayoutError, match=r"strided \(dense\) tensors.*layout torch\.sparse_coo.*to_dense"):
         torch.tensor([0.0, 1.0]).mncore().to_sparse()
 
 
