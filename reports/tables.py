@@ -141,8 +141,8 @@ def models_table(df: pd.DataFrame) -> pd.DataFrame:
 def peers_table(peers: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
     """Per model: eager PyTorch and torch.compile step time on the CPU, and each backend's captured lazy
     step over the eager one (the rows of ``df`` for the same model)."""
-    good = ok(peers)
-    backends = sorted(set(ok(df)["backend"])) if len(ok(df)) else []
+    good, theirs = ok(peers), ok(df)
+    backends = sorted(set(theirs["backend"])) if len(theirs) else []
     rows = []
     for _, r in good.sort_values(["width", "model"] if "width" in good else ["model"]).iterrows() if len(good) else []:
         row = {"model": r["model"], "batch": int(r["batch"]), "eager ms/step": with_spread(r, "eager_step_ms"),
@@ -150,7 +150,7 @@ def peers_table(peers: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
                "torch.compile warm-up s": num(r.get("compile_warmup_compile_s")),
                "steps": int(r["steps"])}
         for b in backends:
-            mine = ok(df)[(ok(df)["backend"] == b) & (ok(df)["model"] == r["model"])]
+            mine = theirs[(theirs["backend"] == b) & (theirs["model"] == r["model"])]
             captured = mine["lazy_captured_step_ms"].iloc[0] if len(mine) and "lazy_captured_step_ms" in mine else None
             eager = r.get("eager_step_ms")
             row[f"{b}: captured/eager"] = num(captured / eager if captured is not None and eager else None)
