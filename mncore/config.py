@@ -158,13 +158,23 @@ def knob(name: str) -> Knob:
     return k
 
 
+def _environ(name: str) -> str | None:
+    """``os.environ.get(name)`` without the KeyError it raises and catches for an unset name: knobs are
+    read on every upload and graph cut, and most are unset."""
+    data = getattr(os.environ, "_data", None)
+    if type(data) is not dict:  # not CPython's os._Environ: the public way
+        return os.environ.get(name)
+    v = data.get(os.environ.encodekey(name))
+    return None if v is None else os.environ.decodevalue(v)
+
+
 def get(name: str) -> Any:
     """The value in force: the innermost ``override``, else the environment, else the default."""
     k = knob(name)
     for scope in reversed(_overrides):
         if k.field in scope:
             return scope[k.field]
-    raw = os.environ.get(k.env)
+    raw = _environ(k.env)
     if raw is None:
         return k.default
     try:

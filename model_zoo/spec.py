@@ -66,6 +66,9 @@ class ModelSpec:
 
 
 def batch_to(batch: Batch, device: str | torch.device) -> Batch:
+    """The batch on ``device``; to mncore with ``.mncore()``, as the seed programs upload theirs."""
+    if str(device) == "mncore":
+        return {k: v.mncore() for k, v in batch.items()}
     return {k: v.to(device) for k, v in batch.items()}
 
 

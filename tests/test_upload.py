@@ -63,3 +63,48 @@ def test_upload_refuses_a_second_device_index() -> None:
 def test_upload_of_a_sparse_tensor_names_the_layout_and_the_fix() -> None:
     with pytest.raises(mncore.errors.LayoutError, match=r"sparse_coo.*\.to_dense\(\)"):
         torch.randn(3, 3).to_sparse().to("mncore")
+
+
+@pytest.mark.parametrize("make, traced", [
+    (lambda: torch.randn(6, 5), 0),
+    (lambda: torch.randn(5, 6).t(), 0),
+    (lambda: torch.randn(4, 6)[:, ::2], 2),  # not dense: an empty tensor and a copy into it, as .to does
+    (lambda: torch.arange(5), 0),
+], ids=["contiguous", "transposed", "sliced", "int64"])
+def test_tensor_mncore_method_is_the_same_upload_as_to(make, traced) -> None:
+    """``.mncore()`` (the seed programs' spelling) takes a shorter path than ``.to('mncore')`` for plain
+    host tensors; the result must not differ in anything a program can see."""
+    x = make()
+    before = mncore.metrics.counters()
+    y = x.mncore()
+    delta = counter_delta(before, "traced_ops")
+    ref = x.to("mncore")
+    assert (y.shape, y.stride(), y.dtype, y.device, y.requires_grad) == (
+        ref.shape, ref.stride(), ref.dtype, ref.device, ref.requires_grad)
+    assert delta["traced_ops"] == traced
+    mncore.sync()
+    assert torch.equal(y.cpu(), x)
+
+
+def test_tensor_mncore_method_keeps_autograd_and_modes() -> None:
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    y = x.mncore()
+    assert type(y.grad_fn).__name__ == "ToCopyBackward0"  # tracked: the generic route
+    (y * 3).sum().backward()
+    mncore.sync()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 3.0))
+    with torch.no_grad():
+        assert x.mncore().grad_fn is None
+    seen = []
+
+    class Watch(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Watch():
+        torch.randn(2).mncore()
+    assert "mncore" in seen  # a torch function mode still sees the call, as with the generic method
+    assert torch.randn(2).mncore(0).device.type == "mncore"
+    with pytest.raises(ValueError, match="one device"):
+        torch.randn(2).mncore(1)

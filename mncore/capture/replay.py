@@ -8,13 +8,13 @@ references, so a replay costs a few attribute reads per tensor.
 from __future__ import annotations
 
 import sys
-import threading
 from typing import Any
 
 from torch.utils import _pytree as pytree
 
 from mncore.capture.plan import Plan, holder_tensor
 from mncore.execute import Job, executor
+from mncore.ir.latch import Latch
 from mncore.ir.values import Data
 from mncore.observe import metrics, timeline
 from mncore.trace import rng
@@ -79,7 +79,7 @@ def replay(plan: Plan, leaves: list) -> Any:
                 draws = [rng.next_seed() for _ in range(plan.n_seeds)]
                 for i in prog.seeded:
                     scalars[i] = draws[scalars[i][1]]
-            ready = threading.Event()
+            ready = Latch()
             name = plan.exe.name
             for meta in plan.out_metas:
                 leaf = Data(meta, ready=ready)

@@ -32,6 +32,7 @@ from mncore.context.storage import CacheOptions
 from mncore.devices import Device, parse
 from mncore.errors import GuardError, ImplicitSyncError, InputError
 from mncore.execute import Job, executor
+from mncore.ir.latch import Latch
 from mncore.ir.meta import TensorMeta, meta_of
 from mncore.ir.values import Data, Node, Seed
 from mncore.observe import metrics
@@ -232,7 +233,8 @@ class CompiledFunction:
         """Run ``v`` on the bound inputs; its outputs (the state is updated only by ``_commit``)."""
         leaves = [_leaf_of(self._context, b, bound) for b in v.bindings]
         scalars = [_fresh_seed() if isinstance(s, Seed) else s.value for s in v.scalars]
-        outs = [Data(m) for m in v.node_metas]
+        ready = Latch()  # one per job: the worker sets it when every output exists
+        outs = [Data(m, ready=ready) for m in v.node_metas]
         for o in outs:
             o.graph = v.exe.name if v.exe else None
         if v.exe is not None:

@@ -22,6 +22,7 @@ from mncore.config import settings
 from mncore.devices import KernelFailed, registry
 from mncore.errors import DeviceExecutionError
 from mncore.ir import buffers
+from mncore.ir.latch import Latch
 from mncore.ir.values import describe_site
 from mncore.observe import hooks, metrics, timeline
 
@@ -35,8 +36,8 @@ class Job:
     submitted: float = 0.0
     device: Any = None  # the device attached when it was submitted
     release: list = field(default_factory=list)  # values to drop after the run, on the worker thread
-    prepared: threading.Event = field(default_factory=threading.Event)
-    done: threading.Event = field(default_factory=threading.Event)
+    prepared: Latch = field(default_factory=Latch)  # the worker has its inputs (async mode waits for this)
+    done: Latch = field(default_factory=Latch)
 
 
 class _FindFailingOp(fx.Interpreter):

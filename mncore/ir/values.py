@@ -8,11 +8,11 @@ metadata, and the inferred output metadata), so later stages need nothing from t
 from __future__ import annotations
 
 import itertools
-import threading
 import weakref
 from typing import Any
 
 from mncore.ir import buffers
+from mncore.ir.latch import Latch
 from mncore.ir.meta import TensorMeta
 
 _seq = itertools.count()
@@ -73,7 +73,7 @@ class Data:
 
     __slots__ = ("bid", "meta", "ready", "error", "graph", "on_board", "fallback", "owners", "__weakref__")
 
-    def __init__(self, meta: TensorMeta, tensor: Any = None, ready: threading.Event | None = None):
+    def __init__(self, meta: TensorMeta, tensor: Any = None, ready: Latch | None = None):
         self.bid = buffers.new_id()
         self.meta = meta
         self.error: BaseException | None = None
@@ -85,7 +85,7 @@ class Data:
             buffers.put(self.bid, tensor)
             self.ready = None
         else:
-            self.ready = ready or threading.Event()  # the outputs of one job share their job's event
+            self.ready = ready or Latch()  # the outputs of one job share their job's latch
 
     def own(self, storage: Any) -> None:
         """``storage`` now holds this value (kept weakly)."""

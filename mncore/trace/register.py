@@ -132,6 +132,27 @@ def _no_pinning_for_mncore() -> None:
     pinning.pin_memory = pin_memory
 
 
+def _direct_upload_method() -> None:
+    """``tensor.mncore()``, the seed programs' way to upload a batch: a plain host tensor that autograd
+    does not track (and no torch function or dispatch mode watching) goes straight to the upload kernel.
+    The generic method builds a device object and goes through ``Tensor.to`` and the C++ dispatcher
+    back into Python, about half the cost of a small upload; everything else still takes that route."""
+    generic = torch.Tensor.mncore
+    if getattr(generic, "mn_direct", False):
+        return
+
+    def mncore(self: torch.Tensor, device: Any = None, non_blocking: bool = False, **kwargs: Any) -> torch.Tensor:
+        if (device is None and not kwargs and type(self) is torch.Tensor and self.device.type == "cpu"
+                and not (self.requires_grad and torch.is_grad_enabled())
+                and not torch._C._is_torch_function_mode_enabled() and torch._C._len_torch_dispatch_stack() == 0):
+            return upload_kernel(self)
+        return generic(self, device, non_blocking, **kwargs)
+
+    mncore.mn_direct = True  # type: ignore[attr-defined]
+    mncore.__doc__ = generic.__doc__
+    torch.Tensor.mncore = mncore  # type: ignore[attr-defined]
+
+
 def register() -> None:
     """Idempotent: rename PrivateUse1, install hooks, device module and factory kernels."""
     global _lib
@@ -141,6 +162,7 @@ def register() -> None:
         torch.utils.backend_registration._setup_privateuseone_for_python_backend(
             rename=DEVICE_NAME, backend_module=device_module.DeviceModule()
         )
+    _direct_upload_method()
     _lib = torch.library.Library("aten", "IMPL")
     for op in FACTORIES:
         name = op._schema.name.split("::")[1]

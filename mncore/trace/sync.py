@@ -6,7 +6,6 @@ Lifted scalars and random seeds are inputs, so their values never enter the key.
 from __future__ import annotations
 
 import gc
-import threading
 import weakref
 from dataclasses import dataclass
 
@@ -15,6 +14,7 @@ from mncore.config import require_init, settings
 from mncore.devices import registry
 from mncore.execute import Job, executor
 from mncore.graph import Collected, collect
+from mncore.ir.latch import Latch
 from mncore.ir.values import Data, Node, Scalar
 from mncore.compile.executable import Executable
 from mncore.observe import metrics, timeline
@@ -133,7 +133,7 @@ def _submit(storages: list, extra: tuple) -> tuple[Submitted, float]:
     keys = sorted(refs, key=lambda k: (refs[k][0].seq, k[1]))
     exe, g = compiled([refs[k] for k in keys])
     out_leaves, groups, before = [], [], {}
-    ready = threading.Event()
+    ready = Latch()
     for k in keys:
         group = by_ref[k]
         leaf = Data(group[0].meta if group else refs[k][0].sig.metas[k[1]], ready=ready)
