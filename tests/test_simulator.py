@@ -601,6 +601,25 @@ def test_performance_mode_waits_for_the_modelled_time(sim):
     del a
 
 
+def test_performance_mode_counts_every_live_output_of_a_graph_run_again(sim):
+    """Performance mode hands every run of one graph the same uninitialised buffers; the device-memory
+    accounting must still count each live output once, as a board holding them would."""
+    mncore.init("mncore2:auto", sim_mode="performance")
+    from mncore.ir import buffers
+
+    x = torch.ones(256, 256).to("mncore")
+    base = buffers.live_bytes()
+    outs = []
+    for _ in range(3):
+        outs.append(x * 2.0 + 1.0)
+        mncore.sync()
+    mncore.wait_device_ops()
+    assert buffers.live_bytes() - base == 3 * 256 * 256 * 4
+    assert all(o.shape == (256, 256) and o.dtype == torch.float32 for o in outs)
+    del outs
+    assert buffers.live_bytes() == base
+
+
 # ---------------------------------------------------------------------------------------------
 # the seed's programs, unchanged but for the device
 
