@@ -4,7 +4,7 @@ the committed results files, so a figure in the documentation is never older tha
 ``make figures`` (= ``python -m reports.figures``) rewrites the page; ``--check`` only says whether the
 committed page still equals what the results files give (``tests/test_docs.py`` runs that check).
 Sources: the published reports (``reports/published/<report>/results.jsonl`` or ``results.csv`` with
-``meta.json``), the models tier's expectations (``ci/expected/models_*.csv``) and the conformance pass
+``meta.json``), the tiers' expectations (``ci/expected/models_*.csv``, ``full_*.csv``) and the conformance pass
 rates (``docs/conformance-results/pass_rates.json``).
 """
 from __future__ import annotations
@@ -86,24 +86,31 @@ def conformance_section(path: Path) -> list[str]:
             tables.to_markdown(pd.DataFrame(rows)), ""]
 
 
-def tier_section(expected: Path) -> list[str]:
-    """The models tier's status per model and backend, from the expectations ``harness run`` checks."""
-    files = sorted(expected.glob("models_*.csv"))
+TIERS = {
+    "models": "Models tier: status per model (`harness run --tier models`, as `make run` checks it)",
+    "full": "Full tier: status of the catalog models measured so far (`harness run --tier full`)",
+}
+
+
+def tier_section(expected: Path, tier: str) -> list[str]:
+    """A tier's status per model and backend, from the expectations ``harness run`` checks."""
+    files = sorted(expected.glob(f"{tier}_*.csv"))
     if not files:
         return []
-    out = ["## Models tier: status per model (`harness run --tier models`, as `make run` checks it)", "",
-           "From `ci/expected/models_<backend>.csv`, which `harness run` compares every run with (a difference "
-           "fails the run). `status` covers eager, lazy and Context; `captured` is lazy mode under "
+    out = [f"## {TIERS[tier]}", "",
+           f"From `ci/expected/{tier}_<backend>.csv`, which `harness run` compares every run with (a difference "
+           "fails the run). `status` is the row's (eager, lazy and Context); `captured` is lazy mode under "
            "`mncore.capture`; `graphs/step` and `compiles after warm-up` are lazy mode's.", ""]
     for f in files:
-        df = pd.read_csv(f).fillna("")
+        df = pd.read_csv(f, dtype=str, keep_default_na=False)
         counts = ", ".join(f"{n} {s}" for s, n in df["status"].value_counts().sort_index().items())
         table = pd.DataFrame({"model": df["model"] + ":" + df["config"], "status": df["status"],
                               "captured": df["lazy_captured_status"],
                               "captured replays/step": df["lazy_captured_replays_per_step"],
                               "graphs/step": df["graphs_per_step"],
-                              "compiles after warm-up": df["compiles_after_warmup"], "reason": df["reason"]})
-        out += [f"### `{f.stem.removeprefix('models_')}` ({len(df)} model configs: {counts})", "",
+                              "compiles after warm-up": df["compiles_after_warmup"],
+                              "reason": df["reason"] if "reason" in df else ""})
+        out += [f"### `{f.stem.removeprefix(tier + '_')}` ({len(df)} model configs: {counts})", "",
                 tables.to_markdown(table), ""]
     return out
 
@@ -122,7 +129,7 @@ def render(published: Path = PUBLISHED, conformance: Path = CONFORMANCE, expecte
         d = published / name
         if (d / "results.jsonl").exists() or (d / "results.csv").exists():
             out += report_section(name, d)
-    out += tier_section(expected)
+    out += tier_section(expected, "models") + tier_section(expected, "full")
     if conformance.exists():
         out += conformance_section(conformance)
     return "\n".join(out).rstrip() + "\n"
