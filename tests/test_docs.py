@@ -88,15 +88,23 @@ def test_no_hand_written_measured_figures(page):
     assert stray == [], f"{page.name}: quote these from docs/figures.md (make figures) instead: {stray}"
 
 
-def test_links_stay_inside_the_repository():
-    for page in pages():
+def anchors(path: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings (lower case, punctuation dropped, spaces to -)."""
+    heads = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+
+def test_links_stay_inside_the_repository_and_resolve():
+    for page in [*pages(), FIGURES]:
         text = page.read_text()
         assert not re.search(r"\.\./shared|shared/(seeds|research|ARCHITECTURE)", text), \
             f"{page.name} refers to the design material outside the repository"
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)]*))?\)", text):
             assert not re.match(r"https?://", target), f"{page.name}: external link {target}"
-            resolved = (page.parent / target).resolve()
+            resolved = (page.parent / target).resolve() if target else page
             assert resolved.is_relative_to(ROOT) and resolved.exists(), f"{page.name}: broken link {target}"
+            if anchor and resolved.suffix == ".md":
+                assert anchor in anchors(resolved), f"{page.name}: no heading #{anchor} in {target or page.name}"
 
 
 def test_every_page_is_linked_from_the_readme():
