@@ -30,6 +30,12 @@ bench: $(STAMP)
 report: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/harness report all --publish reports/published
 
+# docs/figures.md: every figure the README and docs/ quote, rendered from the committed results files
+# (reports/published/, docs/conformance-results/); run it after `make report`.
+.PHONY: figures
+figures: $(STAMP)
+	$(BIN)/python -m reports.figures
+
 registry: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/harness registry record --configs tiny,default --jobs 2
 

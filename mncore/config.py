@@ -5,7 +5,7 @@ and the moment it is read. Nothing else in mncore reads the environment; code as
 ``config.get(name)``, which applies a scoped ``override`` first, then the environment, then the
 default, and names the variable and the allowed values when a value is bad.
 
-``python -m mncore.config`` prints the table as Markdown (the README's copy is checked against it).
+``python -m mncore.config`` prints the table as Markdown (docs/configuration.md's copy is checked against it).
 """
 from __future__ import annotations
 
@@ -287,7 +287,7 @@ def require_init() -> None:
 
 
 def markdown_table() -> str:
-    """The knob table as Markdown (the README holds a copy that a test compares with this)."""
+    """The knob table as Markdown (docs/configuration.md holds a copy that a test compares with this)."""
     rows = ["| variable | default | allowed | read | what |", "| --- | --- | --- | --- | --- |"]
     for k in KNOBS:
         if k.default is None or k.default == frozenset():

@@ -1,5 +1,6 @@
 """One knob table: every ``MNCORE_*`` variable is a row of ``mncore/config.py``, read nowhere else,
-documented by the README table generated from it, and a bad value names the variable and the fix."""
+documented by the table in docs/configuration.md generated from it, and a bad value names the variable and the
+fix."""
 from __future__ import annotations
 
 import ast
@@ -15,10 +16,12 @@ from mncore.errors import ConfigError
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_readme_table_is_the_generated_one():
-    text = (ROOT / "README.md").read_text()
+def test_configuration_page_table_is_the_generated_one():
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    assert text.count("<!-- knobs:begin -->") == 1 and text.count("<!-- knobs:end -->") == 1
     table = text.split("<!-- knobs:begin -->\n", 1)[1].split("<!-- knobs:end -->", 1)[0]
     assert table.strip() == config.markdown_table().strip(), "run `python -m mncore.config` and paste the table"
+    assert "docs/configuration.md" in (ROOT / "README.md").read_text(), "the README links the knob table"
 
 
 def test_every_mncore_variable_mentioned_anywhere_is_a_knob():

@@ -1,0 +1,129 @@
+"""The documentation stays true to the results: docs/figures.md is what ``make figures`` renders from the
+committed results files, no other page hand-writes a measured figure that the results do not hold, every
+link points at a file of this repository, and every term the README uses is in the glossary."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from reports import figures
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+FIGURES = DOCS / "figures.md"
+# The one page whose measured figures are still hand-written with their date and command: the Ray overhead
+# figures come from ``benchmarks/cluster_overhead.py``, which writes no results file yet.
+DATED_PAGES = {"cluster.md"}
+
+# A measured figure: any number of ms, µs, minutes or cases/s; a decimal number of seconds, percent or
+# times (×); whole seconds and percentages are settings (timeouts, thresholds), whole × are counts.
+# Limits and settings say so within a few words before them (≤, default, ...).
+FIGURE = re.compile(r"(?<![\w.@=-])(?:\d[\d,]*(?:\.\d+)?\s?(?:ms|µs|us|cases/s|min)\b|"
+                    r"\d[\d,]*\.\d+\s?(?:s\b|%|×|x\b))")
+SETTING = re.compile(r"(≤|<|>|at most|at least|within|target|default|timeout|budget|per distinct|threshold|every|"
+                     r"after|up to|plus|cap|--\w[\w-]*|one line|line every)\W*(\w+\W+){0,3}$", re.I)
+
+
+def pages() -> list[Path]:
+    return [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md",
+            *sorted(p for p in DOCS.glob("*.md") if p != FIGURES)]
+
+
+def prose(path: Path) -> str:
+    """A page without its fenced code blocks (example output, commands) and inline code spans."""
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "`…`", text)
+
+
+def test_figures_page_is_rendered_from_the_results_files():
+    assert FIGURES.read_text() == figures.render(), "results changed: run `make figures` and commit docs/figures.md"
+
+
+def test_figures_page_carries_provenance_and_the_headline_tables():
+    text = FIGURES.read_text()
+    for heading in ("MLP width sweep", "three execution modes", "ResNet-18 and GPT-2 small", "Models tier",
+                    "Conformance"):
+        assert f"## {heading}" in text or heading in text, heading
+    assert text.count("Measured 20") >= 3 and "at commit `" in text and "cores" in text
+
+
+def test_figures_check_mode_fails_on_a_stale_page(tmp_path, capsys):
+    stale = tmp_path / "figures.md"
+    stale.write_text(figures.render().replace("| pfvm:cpu |", "| pfvm:cpu (edited) |", 1))
+    assert figures.main(["--check", "--out", str(stale)]) == 1
+    assert "make figures" in capsys.readouterr().err
+    stale.write_text(figures.render())
+    assert figures.main(["--check", "--out", str(stale)]) == 0
+
+
+def stray_figures(text: str, generated: str) -> list[str]:
+    """The measured figures of ``text`` (prose) whose number ``generated`` does not hold (its tables give
+    units in the column headers)."""
+    stray = []
+    for m in FIGURE.finditer(text):
+        before = text[max(0, m.start() - 40):m.start()]
+        number = re.match(r"[\d,.]+", m.group(0)).group(0).rstrip(".,")
+        if SETTING.search(before) or re.search(rf"(?<![\d.]){re.escape(number)}(?![\d])", generated):
+            continue
+        stray.append(f"{m.group(0)} (after …{before[-30:]})")
+    return stray
+
+
+def test_the_figure_check_finds_a_stale_figure():
+    generated = FIGURES.read_text()
+    found = stray_figures("GPT-2 small traces in 97.5 ms per step, 34.5 µs per op, 3.43× faster", generated)
+    assert [f.split(" (after")[0] for f in found] == ["97.5 ms", "34.5 µs", "3.43×"]
+    assert stray_figures("a timeout of 600 s (default 1.5 s); target ≤ 1.05×; 10 % noise threshold", generated) == []
+    quoted = re.search(r"\| pfvm:cpu \| 4096 \| (\d[\d.]*) ", generated).group(1)  # the Context step at w=4096
+    assert stray_figures(f"the Context step takes {quoted} ms", generated) == []
+
+
+@pytest.mark.parametrize("page", [p for p in pages() if p.name not in DATED_PAGES], ids=lambda p: p.name)
+def test_no_hand_written_measured_figures(page):
+    """A measured figure outside docs/figures.md must be one the generated page holds (so it came from a
+    results file); limits, settings and counts of things are not measurements."""
+    stray = stray_figures(prose(page), FIGURES.read_text())
+    assert stray == [], f"{page.name}: quote these from docs/figures.md (make figures) instead: {stray}"
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings (lower case, punctuation dropped, spaces to -)."""
+    heads = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+
+def test_links_stay_inside_the_repository_and_resolve():
+    for page in [*pages(), FIGURES]:
+        text = page.read_text()
+        assert not re.search(r"\.\./shared|shared/(seeds|research|ARCHITECTURE)", text), \
+            f"{page.name} refers to the design material outside the repository"
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)]*))?\)", text):
+            assert not re.match(r"https?://", target), f"{page.name}: external link {target}"
+            resolved = (page.parent / target).resolve() if target else page
+            assert resolved.is_relative_to(ROOT) and resolved.exists(), f"{page.name}: broken link {target}"
+            if anchor and resolved.suffix == ".md":
+                assert anchor in anchors(resolved), f"{page.name}: no heading #{anchor} in {target or page.name}"
+
+
+def test_every_page_is_linked_from_the_readme():
+    readme = (ROOT / "README.md").read_text()
+    for page in DOCS.glob("*.md"):
+        assert f"docs/{page.name}" in readme, f"README does not link docs/{page.name}"
+
+
+@pytest.mark.parametrize("term", ["MLSDK", "pfvm", "seed 000", "rooms", "torch_mncore", "modelled device time",
+                                  "performance mode", "Context API", "lazy mode", "the three execution modes"])
+def test_jargon_is_in_the_glossary(term):
+    assert term.lower() in (DOCS / "glossary.md").read_text().lower()
+
+
+def test_readme_explains_its_terms_and_cites_sources_by_name():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) < 200
+    assert "docs/glossary.md" in readme and "source .venv/bin/activate" in readme and ".venv/bin/harness" in readme
+    for word in ("seed 000", "seed's", "rooms", "shared/seeds", "_1b2fd7b3"):
+        assert word not in readme, word
+    for page in pages():
+        assert not re.search(r"\b00[0-4]_[0-9a-f]{6}", page.read_text()), f"{page.name} cites a source by file name"
