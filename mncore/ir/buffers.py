@@ -12,7 +12,8 @@ from typing import Any, Callable
 from mncore.observe import metrics
 
 _table: dict[int, Any] = {}
-_ids = itertools.count(1)
+_sizes: dict[int, int] = {}  # bytes of each entry, so that freeing one never calls into torch
+ids = itertools.count(1)  # buffer ids: each Data leaf takes the next one
 _lock = threading.RLock()  # re-entrant: a Data.__del__ run by the GC inside a locked section frees too
 _total = [0]  # bytes held by every buffer, kept up to date so device-memory checks are O(1)
 
@@ -21,15 +22,12 @@ def _nbytes(t: Any) -> int:
     return t.numel() * t.element_size() if hasattr(t, "element_size") else 0
 
 
-def new_id() -> int:
-    return next(_ids)
-
-
 def put(bid: int, tensor: Any) -> None:
+    n = _nbytes(tensor)
     with _lock:
-        old = _table.get(bid)
         _table[bid] = tensor
-        _total[0] += _nbytes(tensor) - (_nbytes(old) if old is not None else 0)
+        _total[0] += n - _sizes.get(bid, 0)
+        _sizes[bid] = n
 
 
 def get(bid: int) -> Any:
@@ -41,9 +39,8 @@ def get(bid: int) -> Any:
 
 def free(bid: int) -> None:
     with _lock:
-        old = _table.pop(bid, None)
-        if old is not None:
-            _total[0] -= _nbytes(old)
+        if _table.pop(bid, None) is not None:
+            _total[0] -= _sizes.pop(bid)
 
 
 def live() -> int:
@@ -60,7 +57,8 @@ def migrate(fn: Callable[[Any], Any]) -> None:
     with _lock:
         for bid, t in list(_table.items()):
             _table[bid] = fn(t)
-        _total[0] = sum(_nbytes(t) for t in _table.values())
+            _sizes[bid] = _nbytes(_table[bid])
+        _total[0] = sum(_sizes.values())
 
 
 metrics.register_gauge("live_buffers", live)

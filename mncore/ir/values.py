@@ -74,7 +74,7 @@ class Data:
     __slots__ = ("bid", "meta", "ready", "error", "graph", "on_board", "fallback", "owners", "__weakref__")
 
     def __init__(self, meta: TensorMeta, tensor: Any = None, ready: Latch | None = None):
-        self.bid = buffers.new_id()
+        self.bid = next(buffers.ids)
         self.meta = meta
         self.error: BaseException | None = None
         self.graph: str | None = None
