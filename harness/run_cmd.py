@@ -17,11 +17,15 @@ from harness.argtypes import USAGE_ERROR, UsageError, directory, positive_int
 
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
-    run.add_argument("--tier", choices=("unit", "models", "full"), required=True)
+    run.add_argument("--tier", choices=("unit", "models", "full"), required=True,
+                     help="unit: the fast pytest tier (or --suite); models: the headline models and one tiny model per "
+                          "zoo trait (what `make run` runs, ~5 min on 2 cores); full: every zoo model and config and "
+                          "every catalog model, on every backend")
     run.add_argument("--backend", help="pfvm:cpu | pfvm:cuda | emu2 | mncore2:auto, or several comma-separated "
                                        "(default: pfvm:cpu; full: pfvm:cpu, pfvm:cuda when present, emu2, mncore2:auto)")
     run.add_argument("--models", help="comma-separated names (name or name:config) to run instead of the tier's set")
-    run.add_argument("--steps", type=positive_int, default=3)
+    run.add_argument("--steps", type=positive_int, default=3,
+                     help="training steps per mode (step time: the median after the first)")
     run.add_argument("--out", type=directory, help="results directory (default results/<timestamp>)")
     run.add_argument("--jobs", type=positive_int, default=1, help="models run in parallel (each in its own process)")
     run.add_argument("--timeout", type=positive_int, default=900, help="seconds per model")

@@ -41,4 +41,4 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--registry", type=Path, default=None, help="shape registry file (default: the checked-in one)")
     p.add_argument("--baseline", type=Path, default=BASELINE,
                    help="known findings judged not to be bugs, each with its reason: they are listed and do not "
-                        "fail the run (exit 0); any other finding exits 1")
+                        "fail the run (exit 0); any other finding exits 1 (default: ci/fuzz_baseline.json)")
