@@ -70,7 +70,8 @@ COLUMNS = {
 
 
 # -- blocks -> Markdown / HTML --------------------------------------------------------------------------
-def _md(blocks: list[Block], prefix: str = "") -> str:
+def markdown(blocks: list[Block], prefix: str = "") -> str:
+    """The blocks as Markdown (``prefix``: prepended to image paths)."""
     out: list[str] = []
     for kind, val in blocks:
         if kind in ("h1", "h2", "h3"):
@@ -94,7 +95,8 @@ def _inline(text: str) -> str:
     return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", t)
 
 
-def _html(blocks: list[Block], title: str, prefix: str = "") -> str:
+def html_page(blocks: list[Block], title: str, prefix: str = "") -> str:
+    """The blocks as one HTML page; inline Markdown (code spans, bold) is rendered in tables too."""
     body: list[str] = []
     for kind, val in blocks:
         if kind in ("h1", "h2", "h3"):
@@ -104,7 +106,9 @@ def _html(blocks: list[Block], title: str, prefix: str = "") -> str:
         elif kind == "ul":
             body.append("<ul>" + "".join(f"<li>{_inline(x)}</li>" for x in val) + "</ul>")
         elif kind == "table":
-            body.append(val.to_html(index=False, border=0, classes="t"))
+            cells = val.astype(object).map(lambda v: _inline(str(v)))
+            cells.columns = [_inline(str(c)) for c in val.columns]
+            body.append(cells.to_html(index=False, border=0, classes="t", escape=False))
         elif kind == "img":
             body.append(f'<p><img src="{html.escape(prefix + val[0])}" alt="{html.escape(val[1])}"></p>')
         elif kind == "code":
@@ -213,7 +217,7 @@ def render_report(d: Path, name: str | None = None) -> Path:
     """Write ``d/report.md`` (+ PNGs) from ``d/results.jsonl``; returns the Markdown path."""
     d = Path(d)
     name = name or load(d)[1]["report"].dropna().iloc[0]
-    text = _md(report_blocks(name, d, heading="h1"))
+    text = markdown(report_blocks(name, d, heading="h1"))
     (d / "report.md").write_text(text)
     return d / "report.md"
 
@@ -241,15 +245,15 @@ def render_index(root: Path) -> tuple[Path, Path]:
                                "and whether its device time is measured wall time or modelled."),
                          ("h2", "Targets")]
     head.append(("table", tables.targets_table(all_targets)) if all_targets else ("p", "_(no reports)_"))
-    md_parts = [_md(head)]
+    md_parts = [markdown(head)]
     html_blocks = list(head)
     for name, d in found:
         blocks = report_blocks(name, d)
         blocks.append(("p", f"Results: `{name}/results.jsonl`, `{name}/results.csv`, `{name}/meta.json`."))
-        md_parts.append(_md(blocks, prefix=f"{name}/"))
+        md_parts.append(markdown(blocks, prefix=f"{name}/"))
         html_blocks += [(k, (f"{name}/{v[0]}", v[1]) if k == "img" else v) for k, v in blocks]
     (root / "index.md").write_text("\n".join(md_parts))
-    (root / "index.html").write_text(_html(html_blocks, "mncore performance reports"))
+    (root / "index.html").write_text(html_page(html_blocks, "mncore performance reports"))
     return root / "index.md", root / "index.html"
 
 

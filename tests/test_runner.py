@@ -14,6 +14,7 @@ import torch
 import mncore
 from harness import cells, expectations, runner, tiers
 from harness.results import write_results
+from reports import run_summary
 from reports.schema import ModelRow
 
 pytestmark = pytest.mark.unit
@@ -322,7 +323,8 @@ def test_result_files_round_trip_into_pandas(tmp_path):
             "lazy_captured_status", "lazy_captured_replays_per_step"} <= set(df.columns)
     assert json.loads(df.loc[0, "eager_losses"]) == rows[0].eager_losses  # a round trip too: exact
     assert back[0]["lazy_captured_losses"] == captured.losses  # exact: written and read back
-    assert "lazy_captured_replays_per_step" in tiers.summary_table(back)
+    assert "lazy_captured_replays_per_step" in run_summary.figures_table(back).columns
+    assert run_summary.mode_statuses(back[0]) == {"eager": "pass", "lazy": "pass", "captured": "pass", "Context": "pass"}
 
 
 def test_models_tier_covers_every_trait_once():
