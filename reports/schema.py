@@ -307,6 +307,8 @@ class PerfRow(Row):
     batch: int | None = None
     width: int | None = None
     """MLP width (MLP models only)."""
+    workload: str | None = None
+    """What one step trains, for the report text: model, config, parameters, batch shapes, optimizer."""
     api: str | None = None
     """``lazy`` on modes rows."""
     execution: str | None = None
