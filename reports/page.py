@@ -371,7 +371,8 @@ def publish(root: Path, dest: Path) -> list[Path]:
     empty report is refused (``PublishError``) before anything changes. Writes the new manifest."""
     root, dest = Path(root), Path(dest)
     mine, files = owned(dest), _publishable(root)
-    clash = sorted(rel for rel in files if rel not in mine and (dest / rel).exists())
+    clash = sorted(rel for rel in files if rel not in mine and (dest / rel).exists()
+                   and not (dest / rel).samefile(files[rel]))  # (republishing a copy in place: its own files)
     if clash:
         raise PublishError(f"--publish {dest}: {clash[0]} exists and was not written by harness report "
                            f"(not in {MANIFEST}); move it away first")

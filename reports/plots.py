@@ -11,7 +11,7 @@ import pandas as pd  # noqa: E402
 
 from reports import reference  # noqa: E402
 from reports.results import ok, read_timeline  # noqa: E402
-from reports.tables import MLP_W64_TARGET, MLP_W4096_TARGET  # noqa: E402
+from reports.tables import MLP_W64_TARGET, MLP_W4096_TARGET, num  # noqa: E402
 
 APIS = [("context", "#8172b3", "Context API"), ("lazy", "#4c72b0", "lazy"),
         ("lazy_captured", "#64b5cd", "captured lazy")]
@@ -46,8 +46,8 @@ def mlp_figure(df: pd.DataFrame, article: bool = True) -> plt.Figure:
     for w, values in labels.items():
         for rank, r in enumerate(sorted(values, reverse=True)):
             ax.annotate(f"{r:.2f}", (w, r), textcoords="offset points", xytext=(0, 7 if rank == 0 else -15 - 13 * (rank - 1)),
-                        ha="center", fontsize=9, bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none",
-                                                       "alpha": 0.8})
+                        ha="center", fontsize=9, zorder=6,
+                        bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
     if article:
         ax.scatter([4096], [reference.MLP_W4096_RATIO], marker="*", s=140, color="black", zorder=5,
                    label=f"{reference.SOURCE}: 1.10x at w=4096 (MN-Core)")
@@ -66,9 +66,8 @@ def mlp_figure(df: pd.DataFrame, article: bool = True) -> plt.Figure:
     ax.set_ylim(bottom=0)
     ax.margins(y=0.08)
     ax.set_title("Lazy mode vs Context API: MLP width sweep", fontsize=12)
-    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
+    ax.grid(alpha=0.3)  # no tight_layout: it would shrink the axes to the legend's width (savefig crops instead)
     return fig
 
 
@@ -158,8 +157,8 @@ def breakdown_figure(df: pd.DataFrame) -> plt.Figure | None:
         ax.set_xticks(list(x), [lab for lab, _ in keys], fontsize=10)
         ax.tick_params(axis="y", labelsize=10)
         ax.set_ylabel("ms per step", fontsize=10)
-        ax.set_title(f"{r['model']} on {r['backend']}\nlazy/Context {r.get('ratio', float('nan')):.2f}, "
-                     f"captured/Context {r.get('captured_ratio', float('nan')):.2f}", fontsize=11)
+        ax.set_title(f"{r['model']} on {r['backend']}\nlazy/Context {num(r.get('ratio'))}, "
+                     f"captured/Context {num(r.get('captured_ratio'))}", fontsize=11)
         ax.legend(fontsize=9)
     fig.tight_layout()
     return fig
