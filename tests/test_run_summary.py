@@ -11,6 +11,7 @@ import pytest
 from harness import cli, expectations, tiers
 from reports import run_summary
 from reports.schema import CapturedResult, ModelRow, ModeResult
+from tests.helpers import fake_run_models
 
 pytestmark = pytest.mark.unit
 
@@ -29,15 +30,6 @@ def _row(model: str, lazy_ms: float, context: tuple[str, str] = ("pass", "")) ->
                     lazy_captured=CapturedResult(step_ms=3.0, status="pass", replays_per_step=1.0))
 
 
-def _fake_run(rows: list[ModelRow]):
-    def run_models(*args, on_row=None, **kwargs) -> list[ModelRow]:
-        for r in rows:
-            on_row(r)
-        return rows
-
-    return run_models
-
-
 def test_summary_line_per_model_with_modes_reasons_verdicts_and_the_page(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(expectations, "EXPECTED_DIR", tmp_path / "expected")
     ran = [_row("mlp_w64", 12.0), _row("mixtral_moe", 80.0, ("not_compilable", MOE_REASON)),
@@ -45,7 +37,7 @@ def test_summary_line_per_model_with_modes_reasons_verdicts_and_the_page(tmp_pat
     # the checked-in state: mlp_w64 (lazy baseline 10 ms) and mixtral_moe as they ran, llama passing, no gru_lm
     recorded = [ran[0].to_json() | {"lazy_step_ms": 10.0}, ran[1].to_json(), _row("llama", 50.0).to_json()]
     expectations.update(recorded, "models", "pfvm:cpu")
-    monkeypatch.setattr(tiers, "run_models", _fake_run(ran))
+    monkeypatch.setattr(tiers, "run_models", fake_run_models(ran))
     out = tmp_path / "r"
     code = cli.main(["run", "--tier", "models", "--models", "mlp_w64:tiny,mixtral_moe:tiny,llama:tiny,gru_lm:tiny",
                      "--out", str(out)])

@@ -15,6 +15,7 @@ import mncore
 from harness import cells, expectations, runner, tiers
 from harness.results import write_results
 from reports import run_summary
+from tests.helpers import fake_run_models
 from reports.schema import ModelRow
 
 pytestmark = pytest.mark.unit
@@ -260,16 +261,6 @@ def test_results_rows_without_the_captured_mode_still_load():
     assert not any("captured" in k for k in row.to_json())
 
 
-def _fake_run(rows: list[ModelRow]):
-    """``tiers.run_models`` that hands back ``rows`` as if their cells had just finished."""
-    def run_models(*args, on_row=None, **kwargs) -> list[ModelRow]:
-        for r in rows:
-            on_row(r)
-        return rows
-
-    return run_models
-
-
 def _fake_rows(*models: str, **fields) -> list[ModelRow]:
     return [ModelRow(model=m, config="tiny", backend="pfvm:cpu", status="pass", graphs_per_step=1,
                      compiles_after_warmup=0, steps=1, time_kind="measured wall time", reason="", repro="",
@@ -281,7 +272,7 @@ def test_cli_exits_nonzero_on_expected_mismatch(tmp_path, monkeypatch):
 
     monkeypatch.setattr(expectations, "EXPECTED_DIR", tmp_path / "expected")
     fake = _fake_rows("mlp_w64")
-    monkeypatch.setattr(tiers, "run_models", _fake_run(fake))
+    monkeypatch.setattr(tiers, "run_models", fake_run_models(fake))
     expectations.update([dict(fake[0].to_json(), graphs_per_step=2)], "models", "pfvm:cpu")
     assert cli.main(["run", "--tier", "models", "--models", "mlp_w64:tiny", "--out", str(tmp_path / "r")]) == 1
     expectations.update([fake[0].to_json()], "models", "pfvm:cpu")
@@ -295,7 +286,7 @@ def test_update_expected_replaces_only_the_rows_that_ran(tmp_path, monkeypatch):
     monkeypatch.setattr(expectations, "EXPECTED_DIR", tmp_path / "expected")
     before = _fake_rows("mlp_w64", "mlp_w128", "resnet18")
     expectations.update([dict(r.to_json(), status="fail_to_run") for r in before], "models", "pfvm:cpu")
-    monkeypatch.setattr(tiers, "run_models", _fake_run(_fake_rows("mlp_w64")))
+    monkeypatch.setattr(tiers, "run_models", fake_run_models(_fake_rows("mlp_w64")))
     argv = ["run", "--tier", "models", "--models", "mlp_w64:tiny", "--update-expected", "--out", str(tmp_path / "r")]
     assert cli.main(argv) == 0
     got = expectations.load_expected("models", "pfvm:cpu")
