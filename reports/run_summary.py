@@ -26,7 +26,8 @@ LEGEND = [
     "tolerance); fail_accuracy: ran but disagreed; fail_to_run: raised; not_compilable: the Context API cannot "
     "hold an op whose output shape depends on values (lazy mode runs it); –: not run (an earlier failure)",
     "expectations: expected = the row matches the checked-in expectations file; new = the file has no row for it; "
-    "changed = it differs (listed under the table; a regression or an unexpected improvement fails the run)",
+    "changed = it differs (listed under the table; a regression or an unexpected improvement fails the run); "
+    "not checked: the run was interrupted",
     "lazy ms: median lazy-mode step after the first (measured wall time); vs baseline: lazy and captured step "
     "time against the performance baseline file, informational only (changes under 10 % are noise: single "
     "models swing by 5-10 % on a shared machine)",
@@ -63,7 +64,8 @@ def why(r: Record) -> str:
 
 
 def verdict(diffs: list[str] | None) -> str:
-    return "new" if diffs is None or diffs == ["new"] else "expected" if not diffs else "changed"
+    """``expected``, ``new`` or ``changed`` (None: the row was not judged, e.g. an interrupted run)."""
+    return "not checked" if diffs is None else "new" if diffs == ["new"] else "expected" if not diffs else "changed"
 
 
 def status_table(records: list[Record], judged: dict[Key, list[str]], perf: dict[Key, str]) -> pd.DataFrame:
@@ -88,7 +90,8 @@ def headline(records: list[Record], judged: dict[Key, list[str]]) -> str:
     named = ", ".join(others[:8]) + (f" and {len(others) - 8} more" if len(others) > 8 else "")
     return (f"{len(records)} model configs: {full} pass in every mode" + (f", {len(others)} do not ({named})"
                                                                          if others else "")
-            + "; expectations: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in ("expected", "new", "changed")))
+            + "; expectations: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in ("expected", "new", "changed"))
+            + (f", {counts['not checked']} not checked" if "not checked" in counts else ""))
 
 
 def to_text(df: pd.DataFrame) -> str:
