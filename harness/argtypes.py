@@ -57,9 +57,16 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if "default" in text.lower() or action.default in (None, False, [], argparse.SUPPRESS):
+        if "default" in text.lower() or not shows_default(action):
             return text
         return super()._get_help_string(action)
+
+
+def shows_default(action: argparse.Action) -> bool:
+    """Whether ``--help`` states ``action``'s default: not for flags (False), unset values or empty lists
+    (by identity: a default of 0 is shown)."""
+    return not (action.default is None or action.default is False or action.default is argparse.SUPPRESS
+                or (isinstance(action.default, list) and not action.default))
 
 
 def command(sub: argparse._SubParsersAction, name: str, help: str, example: str) -> argparse.ArgumentParser:

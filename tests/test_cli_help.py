@@ -13,6 +13,7 @@ import pytest
 
 import mncore
 from harness import cli
+from harness.argtypes import shows_default
 
 pytestmark = pytest.mark.unit
 
@@ -42,7 +43,7 @@ def test_help_shows_defaults_and_an_example_that_parses(path, parser):
     text = " ".join(parser.format_help().split())  # argparse wraps lines
     assert "example" in text, text
     for action in parser._actions:
-        if not action.option_strings or action.default in (None, False, [], argparse.SUPPRESS):
+        if not action.option_strings or not shows_default(action):
             continue
         assert action.help, f"{' '.join(path)} {action.option_strings[0]} has no help text"
         if "default" in action.help.lower():  # its text states the default itself
