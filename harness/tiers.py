@@ -1,5 +1,5 @@
-"""`harness run --tier unit|models|full`: pick the models, run each isolated, summarize (the expectations
-are ``harness.expectations``, the command ``harness.run_cmd``)."""
+"""`harness run --tier unit|models|full`: pick the models and run each isolated (the expectations
+are ``harness.expectations``, the command ``harness.run_cmd``, its closing summary ``reports.run_summary``)."""
 from __future__ import annotations
 
 import json
