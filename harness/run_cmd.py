@@ -8,6 +8,7 @@ corrupt expectations file: one line, exit 2). SIGINT/SIGTERM stop the run: the c
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -132,7 +133,7 @@ def _run(args: argparse.Namespace, todo: list[tuple[str, str]], backends: list[s
         note = (f"interrupted by {stopped.name} after {len(records)} of {len(todo) * len(backends)} cells: "
                 "the results hold the finished ones; expectations not checked or updated")
         files = writer.close(interrupted=stopped.name)
-        md, html = run_summary.write(out, records, meta, {}, {}, [], _names(files), note)
+        md, html = run_summary.write(out, records, json.loads(files.meta.read_text()), {}, {}, [], _names(files), note)
         print(f"harness run: {note} ({files.jsonl}, {files.csv}, {md}, {html})", file=sys.stderr)
         return stopped.exit_code
     files = writer.close()
@@ -152,14 +153,15 @@ def _run(args: argparse.Namespace, todo: list[tuple[str, str]], backends: list[s
             problems += found
         judged |= {(m, c, b): d for (m, c), d in expectations.judge(b_rows, args.tier, b).items()}
         perf |= {(m, c, b): t for (m, c), t in expectations.perf_changes(b_rows, args.tier, b).items()}
-    md, html = run_summary.write(out, records, meta, judged, perf, problems, _names(files))
+    closed = json.loads(files.meta.read_text())  # the provenance with the load at the end
+    md, html = run_summary.write(out, records, closed, judged, perf, problems, _names(files))
     print(f"\nharness run --tier {args.tier} on {', '.join(backends)}: {run_summary.headline(records, judged)}")
     print(run_summary.to_text(run_summary.status_table(records, judged, perf)))
     baselines = ", ".join(expectations.shown(expectations.perf_path(args.tier, b)) for b in backends)
     print(f"modes: eager (reference, CPU), lazy, captured (lazy + mncore.capture), Context (Context API); "
           f"expectations: vs {', '.join(expectations.shown(expectations.expected_path(args.tier, b)) for b in backends)}; "
-          f"vs baseline: step time vs {baselines}, informational (under 10 % is noise); the legend and every "
-          f"figure are in the summary")
+          f"vs baseline: step time vs {baselines}, informational (under 10 % is noise; "
+          f"{run_summary.load(closed)}); the legend and every figure are in the summary")
     print(f"results: {files.jsonl} and {files.csv}; summary: {md}; page: {html}")
     if problems:
         print("expected-results mismatches (regressions and unexpected improvements):", file=sys.stderr)
@@ -177,8 +179,6 @@ def _names(files: ResultsFiles) -> dict[str, str]:
 
 def _run_suite(args: argparse.Namespace) -> int:
     """``--tier unit --suite S``: the database's ops on one backend as rows, judged by the expected failures."""
-    import json
-
     from harness import tiers
     from harness.interrupt import Interrupted, signals_raise
     from harness.results import ResultsWriter

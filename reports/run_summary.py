@@ -88,10 +88,20 @@ def headline(records: list[Record], judged: dict[Key, list[str]]) -> str:
     counts = pd.Series([verdict(judged.get((r["model"], r["config"], r["backend"]))) for r in records]).value_counts()
     others = [f"{r['model']}:{r['config']}" for r, m in zip(records, modes) if not all(v == "pass" for v in m.values())]
     named = ", ".join(others[:8]) + (f" and {len(others) - 8} more" if len(others) > 8 else "")
-    return (f"{len(records)} model configs: {full} pass in every mode" + (f", {len(others)} do not ({named})"
+    verb = "does" if len(others) == 1 else "do"
+    return (f"{len(records)} model configs: {full} pass in every mode" + (f", {len(others)} {verb} not ({named})"
                                                                          if others else "")
             + "; expectations: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in ("expected", "new", "changed"))
             + (f", {counts['not checked']} not checked" if "not checked" in counts else ""))
+
+
+def load(meta: dict[str, Any]) -> str:
+    """The machine's load during the run (a busy machine makes every step slower than its baseline)."""
+    start, end = meta.get("loadavg_start"), meta.get("loadavg_end")
+    if not start:
+        return "load average not recorded"
+    return f"1-minute load average {start[0]:.2f} at the start" + (f", {end[0]:.2f} at the end" if end else "") + \
+        f" on {meta.get('cores', '?')} cores"
 
 
 def to_text(df: pd.DataFrame) -> str:
@@ -120,7 +130,7 @@ def blocks(records: list[Record], meta: dict[str, Any], judged: dict[Key, list[s
         out.append(("p", note))
     out += [("p", f"Commit `{meta['commit']}`, torch {meta['torch']}, {meta['machine']}, started {meta['when']}; "
                   f"{meta['steps']} steps per mode, times are measured wall time (step time: the median after the "
-                  "first; captured: after its recording steps)."),
+                  f"first; captured: after its recording steps); {load(meta)}."),
             ("p", headline(records, judged) + "."),
             ("table", status_table(records, judged, perf)), ("ul", LEGEND),
             ("h2", "Expectation check"), ("ul", problems or ["every row matches its expectations file"]),

@@ -57,6 +57,7 @@ def test_summary_line_per_model_with_modes_reasons_verdicts_and_the_page(tmp_pat
     assert "4 model configs: 2 pass in every mode, 2 do not (mixtral_moe:tiny, llama:tiny)" in text.out
     assert "1 expected" not in text.out and "2 expected, 1 new, 1 changed" in text.out
     assert not any(line.startswith("perf:") for line in text.out.splitlines())
+    assert re.search(r"1-minute load average [\d.]+ at the start, [\d.]+ at the end on \d+ cores", text.out)
     last = text.out.strip().splitlines()[-1]
     assert last == f"results: {out / 'results.jsonl'} and {out / 'results.csv'}; summary: {out / 'summary.md'}; " \
                    f"page: {out / 'index.html'}"
