@@ -302,11 +302,13 @@ def render_index(root: Path) -> tuple[Path, Path]:
 
 
 def adopt(src: Path, dest: Path) -> None:
-    """Copy a report's results files (and timelines) from ``src`` to ``dest`` to re-render there."""
+    """Copy a report's results files (and timelines) from ``src`` to ``dest`` to re-render there, and its
+    plots: those the results can redraw are redrawn; a timeline plot whose files ``src`` lacks (a published
+    copy of an older run) stays as it came, and the page says so."""
     if src.resolve() == dest.resolve():
         return
     dest.mkdir(parents=True, exist_ok=True)
-    for f in ("results.jsonl", "results.csv", "meta.json"):
+    for f in ("results.jsonl", "results.csv", "meta.json", *(p.name for p in src.glob("*.png"))):
         if (src / f).exists():
             shutil.copy2(src / f, dest / f)
     for sub in ("timelines", "traces"):

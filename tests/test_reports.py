@@ -497,3 +497,5 @@ def test_from_on_the_committed_published_copy_renders_the_full_page(tmp_path, mo
                                         "models": tables.models_table}[name](split_peers(load(pub / name)[1])[0]))
         assert committed.count("\n") >= 2 and committed in index, name  # a table with rows, as published
     assert "mlp-width/mlp_width_ratio.png" in index and "models/models_breakdown.png" in index
+    for png in (pub / "async").glob("timeline_*.png"):  # drawn again from timeline files, or kept and said so
+        assert f"async/{png.name}" in index and (tmp_path / "page" / "async" / png.name).exists()
