@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -139,8 +140,8 @@ def blocks(records: list[Record], meta: dict[str, Any], judged: dict[Key, list[s
     return out
 
 
-def write(out_dir: Any, records: list[Record], meta: dict[str, Any], judged: dict[Key, list[str]],
-          perf: dict[Key, str], problems: list[str], files: dict[str, str], note: str = "") -> tuple[Any, Any]:
+def write(out_dir: Path, records: list[Record], meta: dict[str, Any], judged: dict[Key, list[str]],
+          perf: dict[Key, str], problems: list[str], files: dict[str, str], note: str = "") -> tuple[Path, Path]:
     """``summary.md`` and ``index.html`` in ``out_dir`` (one set of blocks, the report pages' renderers)."""
     b = blocks(records, meta, judged, perf, problems, files, note)
     md, html = out_dir / "summary.md", out_dir / "index.html"
