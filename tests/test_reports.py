@@ -499,3 +499,13 @@ def test_from_on_the_committed_published_copy_renders_the_full_page(tmp_path, mo
     assert "mlp-width/mlp_width_ratio.png" in index and "models/models_breakdown.png" in index
     for png in (pub / "async").glob("timeline_*.png"):  # drawn again from timeline files, or kept and said so
         assert f"async/{png.name}" in index and (tmp_path / "page" / "async" / png.name).exists()
+
+
+def test_workload_text_says_what_the_config_trains():
+    """The report text's workload: parameters counted from the built model, the batch's shapes, the optimizer."""
+    import model_zoo
+
+    spec = model_zoo.get("mlp_w64")
+    params = 4 * (64 * 64 + 64) + 64 * 10 + 10  # 4 x Linear(64, 64) + Linear(64, 10)
+    assert sum(p.numel() for p in spec.build("default").parameters()) == params
+    assert perf.workload(spec, "default") == f"`mlp_w64` config `default` ({params:,} parameters; batch x 64×64, y 64; SGD)"
