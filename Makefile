@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+# The models tier (~5 min on 2 cores): one line per model and mode at the end; results/<timestamp>/ holds
+# results.jsonl, results.csv, summary.md and index.html (the same summary as a page).
 run: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/harness run --tier models
 

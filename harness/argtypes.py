@@ -49,3 +49,27 @@ def _int(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with every option's default (unless its text already states one, or there is none) and
+    the epilog's example lines kept as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text.lower() or not shows_default(action):
+            return text
+        return super()._get_help_string(action)
+
+
+def shows_default(action: argparse.Action) -> bool:
+    """Whether ``--help`` states ``action``'s default: not for flags (False), unset values or empty lists
+    (by identity: a default of 0 is shown)."""
+    return not (action.default is None or action.default is False or action.default is argparse.SUPPRESS
+                or (isinstance(action.default, list) and not action.default))
+
+
+def command(sub: argparse._SubParsersAction, name: str, help: str, example: str) -> argparse.ArgumentParser:
+    """A ``harness`` subcommand whose ``--help`` shows the defaults and ``example``."""
+    return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".", formatter_class=HelpFormatter,
+                          epilog="example:\n  " + example)

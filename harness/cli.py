@@ -7,66 +7,101 @@ import sys
 from pathlib import Path
 
 from harness import cluster
-from harness.argtypes import USAGE_ERROR, positive_int
+from harness.argtypes import USAGE_ERROR, HelpFormatter, command, positive_int
 
 
-def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    ap = argparse.ArgumentParser(prog="harness", description="mncore benchmark and conformance harness")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+def _version() -> str:
+    """mncore's version from its package metadata (the same source as ``mncore.__version__``; no torch import)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mncore")
+    except PackageNotFoundError:  # a checkout run without `pip install -e .`
+        return "unknown (not installed: run `make install`)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line (every subcommand's ``--help`` shows its defaults and an example)."""
+    ap = argparse.ArgumentParser(prog="harness", description="mncore benchmark and conformance harness",
+                                 formatter_class=HelpFormatter,
+                                 epilog="examples:\n  harness run --tier models        # what `make run` does\n"
+                                        "  harness <command> --help         # each command's options and an example")
+    ap.add_argument("--version", action="version", version=f"%(prog)s (mncore) {_version()}")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     from harness import run_cmd
 
-    run_cmd.add_arguments(sub.add_parser("run", help="run a regression tier (eager vs lazy vs Context API)"))
+    run_cmd.add_arguments(command(sub, "run", "run a regression tier (eager vs lazy vs captured lazy vs Context API)",
+                                  "harness run --tier models --models mlp_w64,llama:tiny --out /tmp/run"))
 
-    zoo = sub.add_parser("zoo", help="the model zoo").add_subparsers(dest="zoo_cmd", required=True)
-    zl = zoo.add_parser("list", help="models and their traits")
+    zoo = command(sub, "zoo", "the model zoo", "harness zoo list --catalog --trait task=masked-lm")
+    zoo_sub = zoo.add_subparsers(dest="zoo_cmd", required=True, metavar="ZOO_COMMAND")
+    zl = command(zoo_sub, "list", "models and their traits", "harness zoo list --params")
     zl.add_argument("--params", action="store_true", help="also count tiny-config parameters (builds each model)")
     zl.add_argument("--catalog", action="store_true", help="the catalog's models (model_zoo/catalog/catalog.jsonl)")
     zl.add_argument("--trait", action="append", default=[], metavar="K=V",
                     help="only catalog models with trait K having value V (repeatable; implies --catalog)")
     zl.add_argument("--all", action="store_true", help="with --catalog: the excluded candidates too, with why")
-    zoo.add_parser("traits", help="every catalog trait value, the models having it and the representative set")
-    zc = zoo.add_parser("collect", help="build every catalog candidate, train it a step, write the catalog file")
+    command(zoo_sub, "traits", "every catalog trait value, the models having it and the representative set",
+            "harness zoo traits")
+    zc = command(zoo_sub, "collect", "build every catalog candidate, train it a step, write the catalog file",
+                 "harness zoo collect --models hf_llama,hf_bert --jobs 2")
     zc.add_argument("--models", help="comma-separated candidates to (re)collect (default: all; others are kept)")
     zc.add_argument("--jobs", type=positive_int, default=1, help="candidates built in parallel (own process each)")
     zc.add_argument("--timeout", type=positive_int, default=300, help="seconds per candidate")
     zc.add_argument("--out", type=Path, default=None, help="catalog file (default model_zoo/catalog/catalog.jsonl)")
 
-    reg = sub.add_parser("registry", help="the shape registry").add_subparsers(dest="reg_cmd", required=True)
-    rr = reg.add_parser("record", help="train zoo models a step each and record their ops")
+    reg = command(sub, "registry", "the shape registry", "harness registry show --op aten.addmm --limit 5")
+    reg_sub = reg.add_subparsers(dest="reg_cmd", required=True, metavar="REGISTRY_COMMAND")
+    rr = command(reg_sub, "record", "train zoo models a step each and record their ops",
+                 "harness registry record --models mlp_w64,llama --configs tiny --jobs 2")
     rr.add_argument("--models", help="comma-separated zoo names (default: all)")
     rr.add_argument("--catalog", action="store_true",
                     help="every catalog model that built (tiny configs; `harness zoo list --catalog`), with --models "
                          "too; the rows of models not re-recorded are kept")
-    rr.add_argument("--configs", default="tiny,default")
-    rr.add_argument("--out", type=Path, default=None)
-    rr.add_argument("--jobs", type=positive_int, default=1)
+    rr.add_argument("--configs", default="tiny,default", help="comma-separated zoo configs recorded per model")
+    rr.add_argument("--out", type=Path, default=None,
+                    help="registry file (default shape_registry/data/registry.jsonl)")
+    rr.add_argument("--jobs", type=positive_int, default=1, help="models recorded in parallel (own process each)")
     rr.add_argument("--timeout", type=positive_int, default=1800, help="seconds per model")
     rr.add_argument("--no-lazy", action="store_true", help="record eager CPU only")
     rr.add_argument("--max-batch", type=int, default=2,
                     help="cap the batch size of non-tiny configs (every op and non-batch dim is unchanged; "
                          "0 = the spec's own batch size)")
     cluster.add_argument(rr)
-    for name in ("stats", "show"):
-        p = reg.add_parser(name)
-        p.add_argument("--path", type=Path, default=None)
+    for name, what, example in (("stats", "counts of the registry's ops, models and rows", "harness registry stats"),
+                                ("show", "the registry's rows of an op or a model",
+                                 "harness registry show --model gpt2_small:tiny --limit 20")):
+        p = command(reg_sub, name, what, example)
+        p.add_argument("--path", type=Path, default=None, help="registry file (default shape_registry/data/registry.jsonl)")
         if name == "show":
             p.add_argument("--op", help="e.g. aten.addmm or aten.addmm.default")
             p.add_argument("--model", help="zoo model name (optionally name:config)")
-            p.add_argument("--limit", type=int, default=50)
+            p.add_argument("--limit", type=int, default=50, help="rows shown at most")
     from harness import report_cmd
 
-    report_cmd.add_arguments(sub.add_parser("report", help="performance reports (MLP width sweep, async modes, models)"))
+    report_cmd.add_arguments(command(sub, "report", "performance reports (MLP width sweep, async modes, models)",
+                                     "harness report all --from reports/published --out /tmp/page"))
     from harness.fuzz import add_arguments as fuzz_arguments
 
-    fuzz_arguments(sub.add_parser("fuzz", help="registry-driven fuzzing of mncore against eager PyTorch"))
+    fuzz_arguments(command(sub, "fuzz", "registry-driven fuzzing of mncore against eager PyTorch",
+                           "harness fuzz --seconds 60 --seed 1 --ops 'aten.mul*,aten.add.Tensor'"))
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    ap = build_parser()
     args = ap.parse_args(argv)
 
     if args.cmd == "run":
+        from harness import run_cmd
+
         return run_cmd.main(args)
     if args.cmd == "report":
+        from harness import report_cmd
+
         return report_cmd.main(args)
     if args.cmd == "fuzz":
         from harness.fuzz.campaign import main as fuzz_main

@@ -131,29 +131,40 @@ def _expected(row: dict[str, Any], col: str) -> str:
     return _text(row.get(col))
 
 
+def judge(rows: list[dict[str, Any]], tier: str, backend: str) -> dict[tuple[str, str], list[str]]:
+    """Per (model, config) of ``rows`` on ``backend``: [] when it matches the checked-in expectations,
+    ``["new"]`` when the file has no row for it (or there is no file), else its differences
+    (``status 'pass' -> 'fail_to_run' (regression)``: regressions and unexpected improvements alike)."""
+    want = load_expected(tier, backend)
+    out: dict[tuple[str, str], list[str]] = {}
+    for r in rows:
+        if r["backend"] != backend:
+            continue
+        key = (r["model"], r["config"])
+        e = want.get(key)
+        if e is None:
+            out[key] = ["new"]
+            continue
+        out[key] = []
+        for col in EXPECTED_COLUMNS[2:]:
+            g = _expected(r, col)
+            if g != e[col]:
+                kind = "change" if col not in STATUSES else "improvement" if g == "pass" else "regression"
+                out[key].append(f"{col} {e[col]!r} -> {g!r} ({kind})")
+    return out
+
+
 def check(rows: list[dict[str, Any]], tier: str, backend: str) -> list[str]:
     """Differences from the checked-in expectations (regressions and unexpected improvements alike),
     each naming the file it was judged against."""
     path = expected_path(tier, backend)
     if not path.exists():
         return [f"no expected-results file {shown(path)}"]
-    want = load_expected(tier, backend)
-    problems, got_keys = [], set()
-    for r in rows:
-        if r["backend"] != backend:
-            continue
-        key = (r["model"], r["config"])
-        got_keys.add(key)
-        e = want.get(key)
-        if e is None:
-            problems.append(f"{path.name}: {key[0]}:{key[1]}: not in the file (new model)")
-            continue
-        for col in EXPECTED_COLUMNS[2:]:
-            g = _expected(r, col)
-            if g != e[col]:
-                kind = "change" if col not in STATUSES else "improvement" if g == "pass" else "regression"
-                problems.append(f"{path.name}: {key[0]}:{key[1]}: {col} {e[col]!r} -> {g!r} ({kind})")
-    problems += [f"{path.name}: {m}:{c}: expected but not run" for m, c in want if (m, c) not in got_keys]
+    problems = []
+    for (m, c), diffs in judge(rows, tier, backend).items():
+        problems += [f"{path.name}: {m}:{c}: " + ("not in the file (new model)" if d == "new" else d) for d in diffs]
+    ran = {(r["model"], r["config"]) for r in rows if r["backend"] == backend}
+    problems += [f"{path.name}: {m}:{c}: expected but not run" for m, c in load_expected(tier, backend) if (m, c) not in ran]
     return problems
 
 
@@ -178,21 +189,24 @@ def update(rows: list[dict[str, Any]], tier: str, backend: str) -> list[Path]:
     return [expected_path(tier, backend), perf_path(tier, backend)]
 
 
-def perf_report(rows: list[dict[str, Any]], tier: str, backend: str) -> list[str]:
-    """Step-time changes against the stored baseline; never a failure, changes under PERF_NOISE are noise."""
+def perf_changes(rows: list[dict[str, Any]], tier: str, backend: str) -> dict[tuple[str, str], str]:
+    """Per (model, config): its lazy and captured lazy step times against the stored baseline, e.g.
+    ``lazy +4 % (noise), captured -21 % (faster)``; never a failure, changes under PERF_NOISE are noise.
+    Models without a baseline on ``backend`` are left out."""
     base = load_perf(tier, backend)
-    lines = []
+    out = {}
     for r in rows:
         b = base.get((r["model"], r["config"]))
         if b is None or b["backend"] != r["backend"]:
             continue
+        parts = []
         for mode in TIMED_MODES:
             key, new = f"{mode}_step_ms", r.get(f"{mode}_step_ms")
             if not new or not b[key] or not float(b[key]):
                 continue
-            old = float(b[key])
-            change = new / old - 1
+            change = new / float(b[key]) - 1
             verdict = "noise" if abs(change) < PERF_NOISE else ("slower" if change > 0 else "faster")
-            lines.append(f"{r['model']}:{r['config']} {mode.replace('_', ' ')} step {old:.1f} -> {new:.1f} ms "
-                         f"({change:+.0%}, {verdict})")
-    return lines
+            parts.append(f"{'captured' if mode == 'lazy_captured' else mode} {change:+.0%} ({verdict})")
+        if parts:
+            out[(r["model"], r["config"])] = ", ".join(parts)
+    return out

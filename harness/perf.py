@@ -427,7 +427,19 @@ def _base_row(cell: dict, backend: Backend) -> PerfRow:
     row = _stub_row(cell, backend, "ok", "")
     row.batch = spec.batch_sizes[cell["config"]]
     row.width = spec.config(cell["config"]).get("width")
+    row.workload = workload(spec, cell["config"])
     return row
+
+
+def workload(spec: Any, config: str) -> str:
+    """What one training step of ``spec`` in ``config`` is (the report text says what was run, not what the
+    default configuration would be): parameters, the batch's tensors and the optimizer."""
+    model = spec.build(config)
+    params = sum(p.numel() for p in model.parameters())
+    shapes = ", ".join(f"{k} {'×'.join(map(str, v.shape))}" for k, v in spec.make_batch(config).items())
+    size = f"{params / 1e6:.1f}M" if params >= 1e5 else f"{params:,}"
+    return (f"`{spec.name}` config `{config}` ({size} parameters; batch {shapes}; "
+            f"{type(spec.optimizer(model.parameters())).__name__})")
 
 
 def _check_mode(row: PerfRow, backend: Backend, results: Any) -> None:

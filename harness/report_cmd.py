@@ -117,13 +117,15 @@ def measure(name: str, args: argparse.Namespace, root: Path, where: cluster.Clus
 
 
 def render(name: str, d: Path) -> None:
-    from reports import page, tables
+    from reports import page, reference, tables
     from reports.results import load, split_peers
 
     md = page.render_report(d, name)
-    _, every = load(d)
+    meta, every = load(d)
     df, peers = split_peers(every)
-    table = {"mlp-width": tables.mlp_table, "async": tables.async_table, "models": tables.models_table}[name](df)
+    article = reference.comparable(meta.get("config"))
+    table = {"mlp-width": tables.mlp_table, "async": lambda x: tables.async_table(x, article),
+             "models": lambda x: tables.models_table(x, article)}[name](df)
     print(tables.to_markdown(table))
     if len(peers):
         print(tables.to_markdown(tables.peers_table(peers, df)))

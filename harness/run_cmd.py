@@ -8,20 +8,29 @@ corrupt expectations file: one line, exit 2). SIGINT/SIGTERM stop the run: the c
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness import cluster
 from harness.argtypes import USAGE_ERROR, UsageError, directory, positive_int
 
+if TYPE_CHECKING:
+    from harness.results import ResultsFiles
+
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
-    run.add_argument("--tier", choices=("unit", "models", "full"), required=True)
+    run.add_argument("--tier", choices=("unit", "models", "full"), required=True,
+                     help="unit: the fast pytest tier (or --suite); models: the headline models and one tiny model per "
+                          "zoo trait (what `make run` runs); full: every zoo model and config and "
+                          "every catalog model, on every backend")
     run.add_argument("--backend", help="pfvm:cpu | pfvm:cuda | emu2 | mncore2:auto, or several comma-separated "
                                        "(default: pfvm:cpu; full: pfvm:cpu, pfvm:cuda when present, emu2, mncore2:auto)")
     run.add_argument("--models", help="comma-separated names (name or name:config) to run instead of the tier's set")
-    run.add_argument("--steps", type=positive_int, default=3)
+    run.add_argument("--steps", type=positive_int, default=3,
+                     help="training steps per mode (step time: the median after the first)")
     run.add_argument("--out", type=directory, help="results directory (default results/<timestamp>)")
     run.add_argument("--jobs", type=positive_int, default=1, help="models run in parallel (each in its own process)")
     run.add_argument("--timeout", type=positive_int, default=900, help="seconds per model")
@@ -101,6 +110,7 @@ def _run(args: argparse.Namespace, todo: list[tuple[str, str]], backends: list[s
     from harness import expectations, tiers
     from harness.interrupt import Interrupted, signals_raise
     from harness.results import ResultsWriter
+    from reports import run_summary
 
     meta = tiers.metadata(args.tier, args.steps)
     print(f"harness: tier {args.tier}: {len(todo)} model configs x {len(backends)} backend(s), {args.steps} steps "
@@ -123,27 +133,36 @@ def _run(args: argparse.Namespace, todo: list[tuple[str, str]], backends: list[s
         note = (f"interrupted by {stopped.name} after {len(records)} of {len(todo) * len(backends)} cells: "
                 "the results hold the finished ones; expectations not checked or updated")
         files = writer.close(interrupted=stopped.name)
-        (out / "summary.md").write_text(tiers.markdown_summary(records, meta, [], note))
-        print(f"harness run: {note} ({files.jsonl}, {files.csv}, {out / 'summary.md'})", file=sys.stderr)
+        md, html = run_summary.write(out, records, json.loads(files.meta.read_text()), {}, {}, [], _names(files), note)
+        print(f"harness run: {note} ({files.jsonl}, {files.csv}, {md}, {html})", file=sys.stderr)
         return stopped.exit_code
     files = writer.close()
-    print(tiers.summary_table(records))
     problems: list[str] = []
+    judged: dict[run_summary.Key, list[str]] = {}
+    perf: dict[run_summary.Key, str] = {}
     refresh = f"harness run --tier {args.tier} --update-expected" + (f" --backend {args.backend}" if args.backend else "")
     for b in backends:
         b_rows = [r for r in records if r["backend"] == b]
         if args.update_expected:
             for path in expectations.update(b_rows, args.tier, b):
                 print(f"updated {len(b_rows)} row(s) of {expectations.shown(path)} (others kept)")
-            continue
-        found = expectations.check(b_rows, args.tier, b)
-        if args.models:  # a partial run only checks the rows it ran
-            found = [p for p in found if not p.endswith("expected but not run")]
-        problems += found
-        for line in expectations.perf_report(b_rows, args.tier, b):
-            print("perf: " + line)
-    (out / "summary.md").write_text(tiers.markdown_summary(records, meta, problems))
-    print(f"results: {files.jsonl} and {files.csv}; summary: {out / 'summary.md'}")
+        else:
+            found = expectations.check(b_rows, args.tier, b)
+            if args.models:  # a partial run only checks the rows it ran
+                found = [p for p in found if not p.endswith("expected but not run")]
+            problems += found
+        judged |= {(m, c, b): d for (m, c), d in expectations.judge(b_rows, args.tier, b).items()}
+        perf |= {(m, c, b): t for (m, c), t in expectations.perf_changes(b_rows, args.tier, b).items()}
+    closed = json.loads(files.meta.read_text())  # the provenance with the load at the end
+    md, html = run_summary.write(out, records, closed, judged, perf, problems, _names(files))
+    print(f"\nharness run --tier {args.tier} on {', '.join(backends)}: {run_summary.headline(records, judged)}")
+    print(run_summary.to_text(run_summary.status_table(records, judged, perf)))
+    baselines = ", ".join(expectations.shown(expectations.perf_path(args.tier, b)) for b in backends)
+    print(f"modes: eager (reference, CPU), lazy, captured (lazy + mncore.capture), Context (Context API); "
+          f"expectations: vs {', '.join(expectations.shown(expectations.expected_path(args.tier, b)) for b in backends)}; "
+          f"vs baseline: step time vs {baselines}, informational (under 10 % is noise; "
+          f"{run_summary.load(closed)}); the legend and every figure are in the summary")
+    print(f"results: {files.jsonl} and {files.csv}; summary: {md}; page: {html}")
     if problems:
         print("expected-results mismatches (regressions and unexpected improvements):", file=sys.stderr)
         for p in problems:
@@ -153,10 +172,13 @@ def _run(args: argparse.Namespace, todo: list[tuple[str, str]], backends: list[s
     return 0
 
 
+def _names(files: ResultsFiles) -> dict[str, str]:
+    """The results files as the page lists them."""
+    return {"every field": files.jsonl.name, "scalars": files.csv.name, "provenance": files.meta.name}
+
+
 def _run_suite(args: argparse.Namespace) -> int:
     """``--tier unit --suite S``: the database's ops on one backend as rows, judged by the expected failures."""
-    import json
-
     from harness import tiers
     from harness.interrupt import Interrupted, signals_raise
     from harness.results import ResultsWriter

@@ -269,10 +269,10 @@ def _portable(text: str) -> str:
 
 
 def _fail(row: ModelRow, mode: str, status: str, reason: str, tb: str | None = None, sep: str = ": ") -> None:
-    """A mode did not pass: the captured mode says so itself; the row takes the first failure only, so a
-    later mode never hides an earlier one's result."""
-    if mode == "lazy_captured":
-        row.lazy_captured.status, row.lazy_captured.reason = status, reason
+    """A mode did not pass: the mode says so itself (``lazy_status``, ...); the row takes the first failure
+    only, so a later mode never hides an earlier one's result."""
+    result = getattr(row, mode)
+    result.status, result.reason = status, reason
     if row.status == "pass":
         row.status, row.reason, row.traceback = status, f"{mode}{sep}{reason}", tb
 
@@ -285,7 +285,7 @@ def _record(row: ModelRow, mode: str, res: dict, err: float) -> None:
         row.lazy_captured = CapturedResult(**figures, status="pass", reason=res["refused"], warmup=res["warmup"],
                                            replays_per_step=res["replays_per_step"], retraces=res["retraces"] or None)
         return
-    setattr(row, mode, ModeResult(**figures))
+    setattr(row, mode, ModeResult(**figures, status="pass"))
     for name, value in res.items():
         if name not in ("losses", "state", "step_ms", "compile_s"):
             setattr(row, name, value)

@@ -1,5 +1,5 @@
-"""`harness run --tier unit|models|full`: pick the models, run each isolated, summarize (the expectations
-are ``harness.expectations``, the command ``harness.run_cmd``)."""
+"""`harness run --tier unit|models|full`: pick the models and run each isolated (the expectations
+are ``harness.expectations``, the command ``harness.run_cmd``, its closing summary ``reports.run_summary``)."""
 from __future__ import annotations
 
 import json
@@ -129,31 +129,6 @@ def run_models(todo: list[tuple[str, str]], backends: list[str], steps: int, out
     with CellRunner(len(cells), "models", jobs=jobs, timeout=timeout, cluster=cluster,
                     preload=CELL_PRELOAD if fork else ()) as runner:
         return runner.run(list(cells), finish)
-
-
-def summary_table(rows: list[dict[str, Any]]) -> str:
-    """The terminal table of row records (``ModelRow.to_json()``)."""
-    import pandas as pd
-
-    cols = ["model", "config", "backend", "status", "eager_step_ms", "lazy_step_ms", "context_step_ms",
-            "lazy_context_ratio", "lazy_captured_status", "lazy_captured_step_ms", "lazy_captured_replays_per_step",
-            "trace_ms", "graphs_per_step", "compiles_after_warmup", "implicit_syncs_per_step"]
-    df = pd.DataFrame(rows)
-    df = df[[c for c in cols if c in df.columns]]
-    return df.to_string(index=False, float_format=lambda v: f"{v:.2f}")
-
-
-def markdown_summary(rows: list[dict[str, Any]], meta: dict, problems: list[str], note: str = "") -> str:
-    """``summary.md``: provenance, the table and the expectation check (``note``: e.g. an interruption)."""
-    from harness import runner
-
-    lines = [f"# harness run --tier {meta['tier']}", "", *([note, ""] if note else []),
-             f"- commit `{meta['commit']}`, torch {meta['torch']}, {meta['machine']}, {meta['when']}",
-             f"- times are measured wall time; {meta['steps']} steps per mode, step time = median after the first "
-             f"(lazy_captured: {runner.CAPTURE_WARMUP} more steps, timed after them)",
-             "", summary_table(rows).replace("\n", "\n    ").join(["    ", ""]), ""]
-    lines += ["## Expectation check", ""] + ([f"- {p}" for p in problems] or ["- all rows match ci/expected"])
-    return "\n".join(lines) + "\n"
 
 
 def run_unit(jobs: int | None) -> int:

@@ -70,7 +70,8 @@ COLUMNS = {
 
 
 # -- blocks -> Markdown / HTML --------------------------------------------------------------------------
-def _md(blocks: list[Block], prefix: str = "") -> str:
+def markdown(blocks: list[Block], prefix: str = "") -> str:
+    """The blocks as Markdown (``prefix``: prepended to image paths)."""
     out: list[str] = []
     for kind, val in blocks:
         if kind in ("h1", "h2", "h3"):
@@ -94,7 +95,8 @@ def _inline(text: str) -> str:
     return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", t)
 
 
-def _html(blocks: list[Block], title: str, prefix: str = "") -> str:
+def html_page(blocks: list[Block], title: str, prefix: str = "") -> str:
+    """The blocks as one HTML page; inline Markdown (code spans, bold) is rendered in tables too."""
     body: list[str] = []
     for kind, val in blocks:
         if kind in ("h1", "h2", "h3"):
@@ -104,7 +106,9 @@ def _html(blocks: list[Block], title: str, prefix: str = "") -> str:
         elif kind == "ul":
             body.append("<ul>" + "".join(f"<li>{_inline(x)}</li>" for x in val) + "</ul>")
         elif kind == "table":
-            body.append(val.to_html(index=False, border=0, classes="t"))
+            cells = val.astype(object).map(lambda v: _inline(str(v)))
+            cells.columns = [_inline(str(c)) for c in val.columns]
+            body.append(cells.to_html(index=False, border=0, classes="t", escape=False))
         elif kind == "img":
             body.append(f'<p><img src="{html.escape(prefix + val[0])}" alt="{html.escape(val[1])}"></p>')
         elif kind == "code":
@@ -142,49 +146,79 @@ def provenance(meta: dict, df: pd.DataFrame) -> pd.DataFrame:
 
 
 # -- one report -------------------------------------------------------------------------------------------
-def report_blocks(name: str, d: Path, heading: str = "h2") -> list[Block]:
-    """The report's tables and plots (images written into ``d``); paths relative to ``d``."""
+def workloads(df: pd.DataFrame) -> str:
+    """What was trained, from the rows (``workload``, written by the measurement; for results without it:
+    model, config and batch), one per model."""
+    seen: dict[str, str] = {}
+    for _, r in df.iterrows() if len(df) else []:
+        text = r.get("workload")
+        if not isinstance(text, str):
+            batch = r.get("batch")
+            text = f"`{r['model']}` (config `{r.get('config', '?')}`" + (
+                f", batch {int(batch)})" if batch is not None and not pd.isna(batch) else ")")
+        seen.setdefault(str(r["model"]), text)
+    return "; ".join(seen.values()) or "–"
+
+
+def _article(meta: dict, what: str) -> Block:
+    """Why the article's figures are not shown: the run measured another configuration."""
+    return ("p", f"{reference.SOURCE[0].upper() + reference.SOURCE[1:]} gives {what} for the default configurations; "
+                 f"this run used config `{meta.get('config')}`, so they are not compared here.")
+
+
+def report_blocks(name: str, d: Path, heading: str = "h2", shared: frozenset[str] = frozenset()) -> list[Block]:
+    """The report's tables and plots (images written into ``d``); paths relative to ``d``. ``shared``:
+    provenance items the page states once for every report (left out here)."""
     meta, every = load(d)
     df, peers = split_peers(every)
+    article = reference.comparable(meta.get("config"))
+    good = df[df["status"] == "ok"] if len(df) else df
     blocks: list[Block] = [(heading, TITLES[name])]
     sub = "h3" if heading == "h2" else "h2"
     if name == "mlp-width":
-        blocks.append(("p", "Training step of the seed's MLP (4 × [Linear(w, w) + ReLU] + classifier, batch 64, "
-                            "SGD) in lazy mode (also captured: `mncore.capture`) and with the Context API on each "
-                            "backend, same execution mode "
-                            f"(`{meta.get('execution', 'async')}`). Seed reference ({reference.SEED}): "
-                            f"{reference.MLP_QUOTE}."))
+        blocks.append(("p", f"Training step of an MLP (4 × [Linear(w, w) + ReLU] + classifier, SGD; {workloads(good[:1])}"
+                            ", the other widths alike) in lazy mode (also captured: `mncore.capture`) and with the "
+                            "Context API on each backend, same execution mode "
+                            f"(`{meta.get('execution', 'async')}`)."))
+        blocks.append(("p", f"For the same MLP on MN-Core, {reference.SOURCE} says: {reference.MLP_QUOTE}.") if article
+                      else _article(meta, "the MLP's lazy/Context ratios"))
         blocks.append(("table", tables.mlp_table(df)))
-        img = plots.mlp_ratio(df, d / "mlp_width_ratio.png")
+        img = plots.mlp_ratio(df, d / "mlp_width_ratio.png", article)
         blocks.append(("img", (img.name, "lazy/Context ratio vs width")))
     elif name == "async":
-        model = df["model"].dropna().iloc[0] if "model" in df and df["model"].notna().any() else "gpt2_small"
-        blocks.append(("p", f"Lazy-mode training of `{model}` (default config: GPT-2 small 124M, sequence 128, "
-                            "batch 2, AdamW) in the three execution modes of `mncore.init(execution=...)`: `sync` "
-                            "(host waits for each graph), `async_naive` (worker prepares and runs while the host "
-                            "traces on; both contend for the GIL), `async` (host waits for the worker's preparation, "
-                            "then traces on). All numbers come from the runtime's timeline."))
-        blocks.append(("table", tables.async_table(df)))
-        seed = pd.DataFrame([{"mode": reference.MODE_NAMES[m], "step ms": v["step_ms"], "GPU idle ms": v["idle_ms"],
-                              "GPU util": f"{v['util']:.0%}", "trace ms": reference.ASYNC_TRACE_MS.get(m, "–")}
-                             for m, v in reference.ASYNC.items()])
-        blocks += [(sub, f"Seed reference: {reference.SEED}, GPT-2 small on the CUDA backend"), ("table", seed)]
-        good = df[df["status"] == "ok"] if len(df) else df
+        blocks.append(("p", f"Lazy-mode training of {workloads(good)} in the three execution modes of "
+                            "`mncore.init(execution=...)`: `sync` (host waits for each graph), `async_naive` (worker "
+                            "prepares and runs while the host traces on; both contend for the GIL), `async` (host "
+                            "waits for the worker's preparation, then traces on). All numbers come from the "
+                            "runtime's timeline."))
+        blocks.append(("table", tables.async_table(df, article)))
+        if article:
+            seed = pd.DataFrame([{"mode": reference.MODE_NAMES[m], "step ms": v["step_ms"], "GPU idle ms": v["idle_ms"],
+                                  "GPU util": f"{v['util']:.0%}", "trace ms": reference.ASYNC_TRACE_MS.get(m, "–")}
+                                 for m, v in reference.ASYNC.items()])
+            blocks += [(sub, f"Reference: {reference.SOURCE}, GPT-2 small on the CUDA backend"), ("table", seed)]
+        else:
+            blocks.append(_article(meta, "GPT-2 small's step, GPU idle and utilisation figures (CUDA backend)"))
         for backend in sorted(set(good["backend"])) if len(good) else []:
             slug = re.sub(r"[^A-Za-z0-9]+", "_", backend).strip("_")
-            img = plots.async_timelines(d, df, backend, d / f"timeline_{slug}.png")
-            if img:
-                blocks.append(("img", (img.name, f"timeline {backend}")))
+            png = d / f"timeline_{slug}.png"
+            if plots.async_timelines(d, df, backend, png):
+                blocks.append(("img", (png.name, f"timeline {backend}")))
+            elif png.exists():  # rendered in place from a copy without its timeline files: the earlier plot
+                blocks += [("img", (png.name, f"timeline {backend}")),
+                           ("p", f"(`{png.name}`: drawn when these results were rendered with their timeline files, "
+                                 "which this directory does not hold.)")]
         traces = sorted(str(t) for t in good.get("chrome_trace", pd.Series(dtype=object)).dropna()) if len(good) else []
         if traces:
             blocks.append(("p", "Chrome/Perfetto traces of the timed steps (open in https://ui.perfetto.dev or "
                                 "chrome://tracing; in `reports/out/async/`, not copied to `reports/published/`):"))
             blocks.append(("ul", [f"`{t}`" for t in traces]))
     elif name == "models":
-        blocks.append(("p", "Training steps of ResNet-18 (batch 32, 224², SGD momentum) and GPT-2 small (sequence "
-                            "128, batch 2, AdamW) in lazy mode (also captured: `mncore.capture`) and with the Context "
-                            "API, and where the time goes."))
-        blocks.append(("table", tables.models_table(df)))
+        blocks.append(("p", f"Training steps of {workloads(good)} in lazy mode (also captured: `mncore.capture`) and "
+                            "with the Context API, and where the time goes."))
+        if not article:
+            blocks.append(_article(meta, "ResNet-18's lazy/Context ratio"))
+        blocks.append(("table", tables.models_table(df, article)))
         blocks += [(sub, "Breakdown per step"), ("table", tables.breakdown_table(df))]
         img = plots.models_breakdown(df, d / "models_breakdown.png")
         if img:
@@ -202,18 +236,24 @@ def report_blocks(name: str, d: Path, heading: str = "h2") -> list[Block]:
     if ts:
         blocks += [(sub, "Targets (ratios measured in this run)"), ("table", tables.targets_table(ts))]
     blocks += [(sub, "Columns"), ("ul", COLUMNS[name])]
-    blocks += [(sub, "Provenance"), ("table", provenance(meta, df)),
-               ("p", "Results files: `results.jsonl` (every field, per-step lists), `results.csv` (scalars), "
-                     "`meta.json`. The machine has 2 cores shared with other work, so concurrent load can inflate "
-                     "any number; the load average above says how busy it was.")]
+    prov = provenance(meta, df)
+    blocks += [(sub, "Provenance" + (" (what differs between the reports)" if shared else "")),
+               ("table", prov[~prov["provenance"].isin(shared)])]
+    if not shared:
+        blocks.append(("p", LOAD_NOTE))
     return blocks
+
+
+LOAD_NOTE = ("Results files: `results.jsonl` (every field, per-step lists), `results.csv` (scalars), `meta.json`. "
+             "The machine may be shared with other work, so concurrent load can inflate any number; the load "
+             "average says how busy it was.")
 
 
 def render_report(d: Path, name: str | None = None) -> Path:
     """Write ``d/report.md`` (+ PNGs) from ``d/results.jsonl``; returns the Markdown path."""
     d = Path(d)
     name = name or load(d)[1]["report"].dropna().iloc[0]
-    text = _md(report_blocks(name, d, heading="h1"))
+    text = markdown(report_blocks(name, d, heading="h1"))
     (d / "report.md").write_text(text)
     return d / "report.md"
 
@@ -241,24 +281,34 @@ def render_index(root: Path) -> tuple[Path, Path]:
                                "and whether its device time is measured wall time or modelled."),
                          ("h2", "Targets")]
     head.append(("table", tables.targets_table(all_targets)) if all_targets else ("p", "_(no reports)_"))
-    md_parts = [_md(head)]
+    shared: frozenset[str] = frozenset()
+    if found:  # what every report's provenance says alike is said once, here
+        provs = [provenance(*load(d)).set_index("provenance")["value"] for _, d in found]
+        same = [k for k in provs[0].index if all(k in p.index and p[k] == provs[0][k] for p in provs)]
+        shared = frozenset(same)
+        head += [("h2", "Provenance (every report)"),
+                 ("table", pd.DataFrame({"provenance": same, "value": [provs[0][k] for k in same]})),
+                 ("p", LOAD_NOTE)]
+    md_parts = [markdown(head)]
     html_blocks = list(head)
     for name, d in found:
-        blocks = report_blocks(name, d)
+        blocks = report_blocks(name, d, shared=shared)
         blocks.append(("p", f"Results: `{name}/results.jsonl`, `{name}/results.csv`, `{name}/meta.json`."))
-        md_parts.append(_md(blocks, prefix=f"{name}/"))
+        md_parts.append(markdown(blocks, prefix=f"{name}/"))
         html_blocks += [(k, (f"{name}/{v[0]}", v[1]) if k == "img" else v) for k, v in blocks]
     (root / "index.md").write_text("\n".join(md_parts))
-    (root / "index.html").write_text(_html(html_blocks, "mncore performance reports"))
+    (root / "index.html").write_text(html_page(html_blocks, "mncore performance reports"))
     return root / "index.md", root / "index.html"
 
 
 def adopt(src: Path, dest: Path) -> None:
-    """Copy a report's results files (and timelines) from ``src`` to ``dest`` to re-render there."""
+    """Copy a report's results files (and timelines) from ``src`` to ``dest`` to re-render there, and its
+    plots: those the results can redraw are redrawn; a timeline plot whose files ``src`` lacks (a published
+    copy of an older run) stays as it came, and the page says so."""
     if src.resolve() == dest.resolve():
         return
     dest.mkdir(parents=True, exist_ok=True)
-    for f in ("results.jsonl", "results.csv", "meta.json"):
+    for f in ("results.jsonl", "results.csv", "meta.json", *(p.name for p in src.glob("*.png"))):
         if (src / f).exists():
             shutil.copy2(src / f, dest / f)
     for sub in ("timelines", "traces"):
@@ -300,15 +350,20 @@ def owned(dest: Path) -> set[str]:
 
 def _publishable(root: Path) -> dict[str, Path]:
     """What a publish of ``root`` copies, by name in the publish directory: index.md/html, each report's
-    Markdown, PNGs, results.csv and meta.json (no traces)."""
+    Markdown, PNGs and results files (``results.jsonl``, ``results.csv``, ``meta.json``) and the timeline
+    files its plots are drawn from, so that ``--from`` on the copy renders the same page (no Chrome traces)."""
     found = [(name, d) for name, d in found_reports(root) if read_rows(d)]
     if not found:
         raise PublishError(f"nothing to publish: no report under {root} has results rows")
     files = {f: root / f for f in ("index.md", "index.html") if (root / f).exists()}
     for name, d in found:
-        for f in sorted(d.glob("*.png")) + [d / "report.md", d / "results.csv", d / "meta.json"]:
+        timelines = sorted({r.timeline_file for r in read_rows(d) if r.timeline_file})
+        for f in sorted(d.glob("*.png")) + [d / "report.md", d / "results.jsonl", d / "results.csv", d / "meta.json"]:
             if f.exists():
                 files[f"{name}/{f.name}"] = f
+        for rel in timelines:
+            if (d / rel).is_file() and ".." not in Path(rel).parts:
+                files[f"{name}/{rel}"] = d / rel
     return files
 
 
@@ -318,7 +373,8 @@ def publish(root: Path, dest: Path) -> list[Path]:
     empty report is refused (``PublishError``) before anything changes. Writes the new manifest."""
     root, dest = Path(root), Path(dest)
     mine, files = owned(dest), _publishable(root)
-    clash = sorted(rel for rel in files if rel not in mine and (dest / rel).exists())
+    clash = sorted(rel for rel in files if rel not in mine and (dest / rel).exists()
+                   and not (dest / rel).samefile(files[rel]))  # (republishing a copy in place: its own files)
     if clash:
         raise PublishError(f"--publish {dest}: {clash[0]} exists and was not written by harness report "
                            f"(not in {MANIFEST}); move it away first")
@@ -330,7 +386,8 @@ def publish(root: Path, dest: Path) -> list[Path]:
     written = []
     for rel, src in files.items():
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        written.append(Path(shutil.copy2(src, dest / rel)))
+        same = (dest / rel).exists() and (dest / rel).samefile(src)  # republishing the copy itself
+        written.append(dest / rel if same else Path(shutil.copy2(src, dest / rel)))
     (dest / MANIFEST).write_text(json.dumps({"files": sorted(files)}, indent=1) + "\n")
     return written
 

@@ -195,6 +195,11 @@ class Row:
 class ModeResult:
     """What the tier runner keeps of one mode's training run (lazy, captured lazy or Context API)."""
 
+    status: str | None = None
+    """``pass``, or the mode's own non-pass status (``fail_accuracy``, ``fail_to_run``, ``oom``,
+    ``not_compilable``), judged as the row's (None: not run, or a results file from before this field)."""
+    reason: str | None = None
+    """Why the status is what it is (captured lazy: or the ``CaptureWarning`` of a step capture refused to replay)."""
     losses: list[float] | None = None
     """Per-step losses."""
     step_ms: float | None = None
@@ -211,10 +216,6 @@ class CapturedResult(ModeResult):
     others (the calls capture records before it replays), so it has that many more losses, and its step
     time and replays are over the steps after them (the measured steps)."""
 
-    status: str | None = None
-    """``pass``, ``fail_accuracy``, ``fail_to_run`` or ``oom``, judged as the other modes (None: not run)."""
-    reason: str | None = None
-    """Why the status is what it is, or the ``CaptureWarning`` of a step capture refused to replay."""
     warmup: int | None = None
     """Steps run before the measured ones (capture's recordings)."""
     replays_per_step: float | None = None
@@ -306,6 +307,8 @@ class PerfRow(Row):
     batch: int | None = None
     width: int | None = None
     """MLP width (MLP models only)."""
+    workload: str | None = None
+    """What one step trains, for the report text: model, config, parameters, batch shapes, optimizer."""
     api: str | None = None
     """``lazy`` on modes rows."""
     execution: str | None = None

@@ -93,8 +93,13 @@ def mlp_table(df: pd.DataFrame) -> pd.DataFrame:
                                        *CAPTURED, "trace ms/step", "device ms/step", "lazy step is", "time", "steps"])
 
 
-def async_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per backend and execution mode: step, trace, device, device idle and utilisation (timeline)."""
+ASYNC_ARTICLE = "article (CUDA) step / idle / util"
+MODELS_ARTICLE = "article lazy/Context"
+
+
+def async_table(df: pd.DataFrame, article: bool = True) -> pd.DataFrame:
+    """Per backend and execution mode: step, trace, device, device idle and utilisation (timeline);
+    ``article``: with the article's CUDA figures of the same mode (GPT-2 small, default config only)."""
     order = {m: i for i, m in enumerate(reference.ASYNC)}
     good = ok(df)
     if len(good):
@@ -109,13 +114,11 @@ def async_table(df: pd.DataFrame) -> pd.DataFrame:
             "device util": pct(r.get("util")), "bound": r.get("bound", "–"),
             "step / max(trace, device)": num(_ratio(r)), "time": r.get("time_kind", ""),
             "steps": int(r["steps"]),
-            "seed (CUDA) step / idle / util": f"{ref['step_ms']} ms / {ref['idle_ms']} ms / {ref['util']:.0%}"
-            if ref else "–",
+            ASYNC_ARTICLE: f"{ref['step_ms']} ms / {ref['idle_ms']} ms / {ref['util']:.0%}" if ref else "–",
         })
     return pd.DataFrame(rows, columns=["backend", "mode", "step ms", "trace ms/step", "device ms/step",
                                        "device idle ms/step", "device util", "bound", "step / max(trace, device)",
-                                       "time", "steps",
-                                       "seed (CUDA) step / idle / util"])
+                                       "time", "steps"] + ([ASYNC_ARTICLE] if article else []))
 
 
 def _ratio(r: pd.Series) -> float:
@@ -123,19 +126,21 @@ def _ratio(r: pd.Series) -> float:
     return step / max(trace, device) if max(trace, device) > 0 else float("nan")
 
 
-def models_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per model and backend: Context, lazy and captured lazy step time and their ratios (seed: ResNet-18 1.05)."""
+def models_table(df: pd.DataFrame, article: bool = True) -> pd.DataFrame:
+    """Per model and backend: Context, lazy and captured lazy step time and their ratios; ``article``: with the
+    article's ratio (ResNet-18 batch 32: 1.05; default config only)."""
     seed = {"resnet18": num(reference.RESNET18_RATIO)}
     rows = []
     for _, r in ok(df).sort_values(["model", "backend"]).iterrows() if len(ok(df)) else []:
         rows.append({
             "model": r["model"], "batch": int(r["batch"]), "backend": r["backend"],
             "Context ms/step": with_spread(r, "context_step_ms"), "lazy ms/step": with_spread(r, "lazy_step_ms"),
-            "lazy/Context": num(r.get("ratio")), **_captured(r), "seed lazy/Context": seed.get(r["model"], "–"),
+            "lazy/Context": num(r.get("ratio")), **_captured(r), MODELS_ARTICLE: seed.get(r["model"], "–"),
             "lazy step is": r.get("bound", "–"), "time": r.get("time_kind", ""), "steps": int(r["steps"]),
         })
     return pd.DataFrame(rows, columns=["model", "batch", "backend", "Context ms/step", "lazy ms/step", "lazy/Context",
-                                       *CAPTURED, "seed lazy/Context", "lazy step is", "time", "steps"])
+                                       *CAPTURED, *([MODELS_ARTICLE] if article else []), "lazy step is", "time",
+                                       "steps"])
 
 
 def peers_table(peers: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:

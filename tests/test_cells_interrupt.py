@@ -79,7 +79,9 @@ def test_signal_kills_children_and_finalizes_what_finished(tmp_path, monkeypatch
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [r["model"] for r in rows] == ["mlp_w64"]
     assert list(pd.read_csv(out / "results.csv")["model"]) == ["mlp_w64"]
-    assert "interrupted by" in (out / "summary.md").read_text()
+    summary = (out / "summary.md").read_text()
+    assert "interrupted by" in summary and "| not checked |" in summary and "0 expected, 0 new, 0 changed, 1 not checked" in summary
+    assert "interrupted by" in (out / "index.html").read_text()
     assert json.loads((out / "meta.json").read_text())["interrupted"] == signal.Signals(sig).name
     assert not _running(int(pidfile.read_text()))  # killed and reaped before main returned
 

@@ -533,8 +533,24 @@ def test_mncore_dump_prints_the_manifest(env, tmp_path, capsys):
 
 
 def test_mncore_dump_on_a_directory_without_manifest(tmp_path, capsys):
+    """No codegen output: the message says what writes one; a lazy-mode root: it names the graphs' directories."""
+    assert dump.main([str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert "nowhere does not exist" in err and "Context.compile" in err and "MNCORE_CODEGEN_DIR" in err
     assert dump.main([str(tmp_path)]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert "holds no manifest.json (not a codegen directory)" in capsys.readouterr().err
+    for name in ("graph_a", "graph_b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text("{}")
+    assert dump.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "2 codegen directories" in err and str(tmp_path / "graph_a") in err and str(tmp_path / "graph_b") in err
+    with pytest.raises(SystemExit) as stop:
+        dump.main(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out.strip() == f"mncore-dump (mncore) {mncore.__version__}"
+    with pytest.raises(SystemExit):
+        dump.main(["--help"])
+    assert "example:\n  python examples/context/add.py && mncore-dump /tmp/add_two_tensors" in capsys.readouterr().out
 
 
 def test_codegen_dir_has_model_onnx_when_requested(env, tmp_path):

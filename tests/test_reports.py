@@ -159,7 +159,8 @@ def test_from_into_another_root_and_publish(tmp_path, monkeypatch):
     assert not (src / "index.md").exists()  # the source is only read
     published = sorted(str(p.relative_to(pub)) for p in pub.rglob("*") if p.is_file())
     assert "index.md" in published and "mlp-width/mlp_width_ratio.png" in published
-    assert "async/results.csv" in published and not any("traces" in p or "timelines" in p for p in published)
+    assert {"async/results.csv", "async/results.jsonl", "async/timelines/gpt2_small_pfvm_cpu_async.json"} <= set(published)
+    assert not any("traces" in p for p in published)
     # a single report re-rendered from its own directory
     assert cli.main(["report", "models", "--from", str(src / "models")]) == 0
     assert (src / "models" / "report.md").exists()
@@ -388,3 +389,123 @@ def test_committed_published_directory_has_its_manifest():
     """``make report`` republishes reports/published: its manifest must list exactly what is there."""
     pub = Path(__file__).resolve().parents[1] / "reports" / "published"
     assert set(json.loads((pub / page.MANIFEST).read_text())["files"]) == _files(pub) - {page.MANIFEST}
+
+
+def _tiny(root: Path) -> None:
+    """The synthetic results as a ``--config tiny`` run writes them (workloads say what ran)."""
+    _synthetic(root)
+    for name in ("mlp-width", "async", "models"):
+        d = root / name
+        rows = [json.loads(line) for line in (d / "results.jsonl").read_text().splitlines()]
+        for r in rows:
+            r["config"] = "tiny"
+            if r["status"] == "ok":
+                r["workload"] = f"`{r['model']}` config `tiny` (12,345 parameters; batch input_ids 2×16; AdamW)"
+        _write(rows, d, {**META, "report": name, "config": "tiny"})
+
+
+def test_tiny_config_report_says_what_ran_and_does_not_compare_with_the_article(tmp_path, monkeypatch):
+    _tiny(tmp_path)
+    _forbid_running(monkeypatch)
+    assert cli.main(["report", "all", "--from", str(tmp_path)]) == 0
+    index = (tmp_path / "index.md").read_text()
+    assert "`gpt2_small` config `tiny` (12,345 parameters; batch input_ids 2×16; AdamW)" in index
+    for claim in ("124M", "sequence 128", "GPT-2 small on the CUDA backend", "639 ms", "article lazy/Context",
+                  tables.ASYNC_ARTICLE, "1.10 times"):
+        assert claim not in index, claim
+    assert "this run used config `tiny`, so they are not compared here" in index
+    # the default config (the article's workloads) does compare
+    _synthetic(tmp_path / "default")
+    assert cli.main(["report", "all", "--from", str(tmp_path / "default")]) == 0
+    index = (tmp_path / "default" / "index.md").read_text()
+    assert "639 ms / 166 ms / 74%" in index and "| article lazy/Context |" in index and "1.10 times" in index
+
+
+def test_page_renders_every_character_and_states_provenance_once(tmp_path, monkeypatch):
+    """No character the plots' font lacks (matplotlib warns of missing glyphs: an error here), nothing
+    outside Latin/punctuation/math on the page (no CJK that a machine without the font shows as boxes),
+    no literal backticks in the HTML, and the provenance every report shares stated once."""
+    import unicodedata
+    import warnings
+
+    _synthetic(tmp_path)
+    _forbid_running(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*[Gg]lyph.*missing.*")
+        assert cli.main(["report", "all", "--from", str(tmp_path)]) == 0
+    html_text = (tmp_path / "index.html").read_text()
+    body = html_text.split("<body>", 1)[1]
+    assert "`" not in body and "<code>harness report all --from DIR</code>" in body
+    odd = {c for c in html_text + (tmp_path / "index.md").read_text()
+           if ord(c) > 0x2FFF or unicodedata.east_asian_width(c) in ("W", "F")}
+    assert not odd, odd
+    index = (tmp_path / "index.md").read_text()
+    assert index.count("abc1234") == 1 and index.count("9.9.9-test") == 1  # commit, torch: once
+    assert index.count("## Provenance (every report)") == 1
+    assert (tmp_path / "models" / "report.md").read_text().count("abc1234") == 1  # a report alone keeps its own
+
+
+def _overlaps(fig) -> list[tuple[str, str]]:
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = [t for ax in fig.axes for t in ax.texts if t.get_visible() and t.get_text()]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    return [(a, b) for i, (a, ba) in enumerate(boxes) for b, bb in boxes[i + 1:] if ba.overlaps(bb)]
+
+
+def test_mlp_plot_labels_never_overlap_and_breakdown_fonts_are_readable(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from reports import plots
+
+    rows = []
+    for backend, kind, ratios in (("pfvm:cpu", perf.MEASURED, (3.8, 1.4, 0.97)),
+                                  ("mncore2:auto (performance)", perf.MODELLED, (10.1, 7.7, 1.27)),
+                                  ("emu2", perf.MODELLED, (3.9, 1.4, 1.0))):  # near-equal values at each width
+        for w, r in zip((64, 512, 4096), ratios):
+            rows.append(_compare_row("mlp-width", f"mlp_w{w}", backend, 1.0, r, 0.5, 0.5, kind=kind, width=w))
+    df = pd.DataFrame(rows)
+    fig = plots.mlp_figure(df)
+    assert len([t for t in fig.axes[0].texts]) == 9
+    assert _overlaps(fig) == []
+    plt.close(fig)
+    models = pd.DataFrame([_compare_row("models", m, b, 10.0, 12.0, 3.0, 9.0) for m in ("resnet18", "gpt2_small")
+                           for b in ("pfvm:cpu", "mncore2:auto (performance)")])
+    fig = plots.breakdown_figure(models)
+    width, _ = fig.get_size_inches()
+    sizes = [t.get_fontsize() for ax in fig.axes for t in [ax.title, ax.xaxis.label, ax.yaxis.label,
+                                                           *ax.get_xticklabels(), *ax.get_yticklabels()] if t.get_text()]
+    # shown at most 1200 px wide (the page's width): every text at 9 pt x 110 dpi x scale >= 11 px
+    scale = min(1.0, 1200 / (width * 110))
+    assert sizes and min(sizes) * 110 / 72 * scale >= 11, (min(sizes), width)
+    plt.close(fig)
+
+
+def test_from_on_the_committed_published_copy_renders_the_full_page(tmp_path, monkeypatch):
+    """``reports/published`` holds what its page is made of: ``--from`` on a copy renders every report,
+    with the same tables as the committed page, and runs nothing."""
+    import shutil
+
+    pub = Path(__file__).resolve().parents[1] / "reports" / "published"
+    shutil.copytree(pub, tmp_path / "pub")
+    _forbid_running(monkeypatch)
+    assert cli.main(["report", "all", "--from", str(tmp_path / "pub"), "--out", str(tmp_path / "page")]) == 0
+    index = (tmp_path / "page" / "index.md").read_text()
+    for name in ("mlp-width", "async", "models"):
+        assert page.TITLES[name] in index, name
+        committed = tables.to_markdown({"mlp-width": tables.mlp_table, "async": tables.async_table,
+                                        "models": tables.models_table}[name](split_peers(load(pub / name)[1])[0]))
+        assert committed.count("\n") >= 2 and committed in index, name  # a table with rows, as published
+    assert "mlp-width/mlp_width_ratio.png" in index and "models/models_breakdown.png" in index
+    for png in (pub / "async").glob("timeline_*.png"):  # drawn again from timeline files, or kept and said so
+        assert f"async/{png.name}" in index and (tmp_path / "page" / "async" / png.name).exists()
+
+
+def test_workload_text_says_what_the_config_trains():
+    """The report text's workload: parameters counted from the built model, the batch's shapes, the optimizer."""
+    import model_zoo
+
+    spec = model_zoo.get("mlp_w64")
+    params = 4 * (64 * 64 + 64) + 64 * 10 + 10  # 4 x Linear(64, 64) + Linear(64, 10)
+    assert sum(p.numel() for p in spec.build("default").parameters()) == params
+    assert perf.workload(spec, "default") == f"`mlp_w64` config `default` ({params:,} parameters; batch x 64×64, y 64; SGD)"

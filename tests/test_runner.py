@@ -14,6 +14,8 @@ import torch
 import mncore
 from harness import cells, expectations, runner, tiers
 from harness.results import write_results
+from reports import run_summary
+from tests.helpers import fake_run_models
 from reports.schema import ModelRow
 
 pytestmark = pytest.mark.unit
@@ -259,16 +261,6 @@ def test_results_rows_without_the_captured_mode_still_load():
     assert not any("captured" in k for k in row.to_json())
 
 
-def _fake_run(rows: list[ModelRow]):
-    """``tiers.run_models`` that hands back ``rows`` as if their cells had just finished."""
-    def run_models(*args, on_row=None, **kwargs) -> list[ModelRow]:
-        for r in rows:
-            on_row(r)
-        return rows
-
-    return run_models
-
-
 def _fake_rows(*models: str, **fields) -> list[ModelRow]:
     return [ModelRow(model=m, config="tiny", backend="pfvm:cpu", status="pass", graphs_per_step=1,
                      compiles_after_warmup=0, steps=1, time_kind="measured wall time", reason="", repro="",
@@ -280,7 +272,7 @@ def test_cli_exits_nonzero_on_expected_mismatch(tmp_path, monkeypatch):
 
     monkeypatch.setattr(expectations, "EXPECTED_DIR", tmp_path / "expected")
     fake = _fake_rows("mlp_w64")
-    monkeypatch.setattr(tiers, "run_models", _fake_run(fake))
+    monkeypatch.setattr(tiers, "run_models", fake_run_models(fake))
     expectations.update([dict(fake[0].to_json(), graphs_per_step=2)], "models", "pfvm:cpu")
     assert cli.main(["run", "--tier", "models", "--models", "mlp_w64:tiny", "--out", str(tmp_path / "r")]) == 1
     expectations.update([fake[0].to_json()], "models", "pfvm:cpu")
@@ -294,7 +286,7 @@ def test_update_expected_replaces_only_the_rows_that_ran(tmp_path, monkeypatch):
     monkeypatch.setattr(expectations, "EXPECTED_DIR", tmp_path / "expected")
     before = _fake_rows("mlp_w64", "mlp_w128", "resnet18")
     expectations.update([dict(r.to_json(), status="fail_to_run") for r in before], "models", "pfvm:cpu")
-    monkeypatch.setattr(tiers, "run_models", _fake_run(_fake_rows("mlp_w64")))
+    monkeypatch.setattr(tiers, "run_models", fake_run_models(_fake_rows("mlp_w64")))
     argv = ["run", "--tier", "models", "--models", "mlp_w64:tiny", "--update-expected", "--out", str(tmp_path / "r")]
     assert cli.main(argv) == 0
     got = expectations.load_expected("models", "pfvm:cpu")
@@ -322,7 +314,8 @@ def test_result_files_round_trip_into_pandas(tmp_path):
             "lazy_captured_status", "lazy_captured_replays_per_step"} <= set(df.columns)
     assert json.loads(df.loc[0, "eager_losses"]) == rows[0].eager_losses  # a round trip too: exact
     assert back[0]["lazy_captured_losses"] == captured.losses  # exact: written and read back
-    assert "lazy_captured_replays_per_step" in tiers.summary_table(back)
+    assert "lazy_captured_replays_per_step" in run_summary.figures_table(back).columns
+    assert run_summary.mode_statuses(back[0]) == {"eager": "pass", "lazy": "pass", "captured": "pass", "Context": "pass"}
 
 
 def test_models_tier_covers_every_trait_once():

@@ -13,6 +13,7 @@ from pathlib import Path
 from harness.argtypes import directory
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "fuzz"  # each campaign: DEFAULT_ROOT/<timestamp>/
+BASELINE = DEFAULT_ROOT.parent / "ci" / "fuzz_baseline.json"  # known findings (harness.fuzz.baseline)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,3 +39,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-numel", type=int, default=1 << 16,
                    help="prefer registry rows with at most this many input elements and keep mutations under it")
     p.add_argument("--registry", type=Path, default=None, help="shape registry file (default: the checked-in one)")
+    p.add_argument("--baseline", type=Path, default=BASELINE,
+                   help="known findings judged not to be bugs, each with its reason: they are listed and do not "
+                        "fail the run (exit 0); any other finding exits 1 (default: ci/fuzz_baseline.json)")

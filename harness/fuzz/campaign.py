@@ -12,6 +12,7 @@ import argparse
 import json
 import platform
 import sys
+import textwrap
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -23,7 +24,9 @@ import torch
 
 from harness import expected
 from harness.argtypes import USAGE_ERROR, UsageError
-from harness.fuzz import DEFAULT_ROOT
+from harness.fuzz import BASELINE, DEFAULT_ROOT
+from harness.fuzz.baseline import load as load_baseline
+from harness.fuzz.baseline import lookup as baseline_entry
 from harness.fuzz.cases import Case, tensor_specs
 from harness.fuzz.findings import Findings, signature
 from harness.fuzz.mutate import generate, seed_rows
@@ -49,6 +52,7 @@ class Config:
     shrink_seconds: float = 20.0
     max_numel: int = 1 << 16
     registry: Path | None = None
+    baseline: Path = BASELINE  # known findings that do not fail the run (not part of the identity)
     progress: bool = True
     resume: bool = False  # continue the campaign in ``out`` (its campaign.json decides the cases)
 
@@ -76,6 +80,11 @@ class Stats:
     ops: Counter = field(default_factory=Counter)
     failures: dict[str, dict] = field(default_factory=dict)
     flaky: dict[str, dict] = field(default_factory=dict)
+    known: dict[str, dict] = field(default_factory=dict)  # findings the baseline lists: counted, not shrunk
+
+    def add_known(self, sig: str, index: int, reason: str) -> None:
+        entry = self.known.setdefault(sig, {"count": 0, "first_case": index, "reason": reason})
+        entry["count"] += 1
     case_s: float = 0.0
     shrink_s: float = 0.0
 
@@ -118,6 +127,7 @@ class Campaign:
         self.cfg = cfg
         self.out = Path(cfg.out).resolve()  # repro paths in the summary work from any directory
         self.stats = Stats()
+        self.baseline = load_baseline(cfg.baseline)  # a bad file is refused before the worker starts
         self.meta = {"seed": cfg.seed, "backend": cfg.backend, "plugin": cfg.plugin, "command": cfg.command(),
                      "case_timeout": cfg.case_timeout, "torch": torch.__version__}
 
@@ -146,12 +156,15 @@ class Campaign:
                     sig = signature(case.op, res)
                     if sig and _known_failure(case, cfg.backend, known):
                         res["status"], sig = "xfail", None  # listed in ci/expected_op_failures.json
+                    elif sig and (entry := baseline_entry(self.baseline, sig, str(res.get("message", "")))):
+                        res["status"], res["baseline"] = "known", entry.reason  # judged not a bug
+                        self.stats.add_known(sig, n, entry.reason)
                     self.stats.add(case, res)
                     results.write(json.dumps({"index": n, "op": case.op, "describe": case.describe(), "signature": sig,
                                               **res, "case": case.to_json()}, default=str) + "\n")
                     results.flush()
                     n += 1
-                    if sig:
+                    if sig and res["status"] != "known":
                         self._failure(sig, case, res, worker, findings)
                     bar.update(n - first, time.monotonic() - t_fuzz, len(self.stats.failures))
         finally:
@@ -168,11 +181,13 @@ class Campaign:
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
         for line in lines:
             self.stats.add(Case.from_json(line["case"]), line)
+            if line["status"] == "known":
+                self.stats.add_known(line["signature"], line["index"], line.get("baseline", ""))
         summary = self.out / "summary.json"
         if summary.exists():
             before = json.loads(summary.read_text())
             self.stats.failures, self.stats.flaky = before.get("failures", {}), before.get("flaky", {})
-        seen = Counter(line["signature"] for line in lines if line.get("signature"))
+        seen = Counter(line["signature"] for line in lines if line.get("signature") and line["status"] != "known")
         for sig, count in seen.items():  # a campaign stopped before its summary: counted, not shrunk again
             if sig not in self.stats.failures and sig not in self.stats.flaky:
                 line = next(line for line in lines if line.get("signature") == sig)
@@ -236,6 +251,7 @@ class Campaign:
             "checks": {k: dict(v) for k, v in sorted(s.checks.items())},
             "distinct_failures": len(s.failures),
             "failures": s.failures, "flaky": s.flaky,
+            "baseline": str(self.cfg.baseline), "known": s.known,
             "worker_starts": worker.starts,
         }
 
@@ -298,21 +314,27 @@ def main(args: argparse.Namespace) -> int:
                   registry=args.registry)
     chosen.update({k: Path(v) if k == "registry" and v else v for k, v in saved.items() if k in Config.IDENTITY})
     cfg = Config(seconds=args.seconds, cases=args.cases, out=out, case_timeout=args.case_timeout,
-                 shrink_seconds=args.shrink_seconds, resume=args.resume is not None, **chosen)
+                 shrink_seconds=args.shrink_seconds, baseline=args.baseline, resume=args.resume is not None, **chosen)
     print(f"harness fuzz: seed {cfg.seed}, {cfg.seconds:g} s" + (f", at most {cfg.cases} cases" if cfg.cases else "")
           + f", backend {cfg.backend}" + (f", plugin {cfg.plugin}" if cfg.plugin else "")
           + (" (resumed: the campaign's own seed, ops, backend and plugin)" if cfg.resume else "") + f" -> {cfg.out}",
           flush=True)
     try:
         s = Campaign(cfg).run()
-    except (ValueError, WorkerSetupError) as e:  # a bad --ops, --backend or --plugin: say so, no traceback
+    except (ValueError, WorkerSetupError) as e:  # a bad --ops, --backend, --plugin or --baseline: no traceback
         print(f"harness fuzz: {e}", file=sys.stderr)
         return USAGE_ERROR
     print(f"{s['cases_run']} cases in {s['fuzz_s']:.1f} s ({s['cases_per_second']:.1f}/s), {s['n_ops_covered']} ops, "
-          f"outcomes {s['outcomes']}, {s['distinct_failures']} distinct failures")
+          f"outcomes {s['outcomes']}, {s['distinct_failures']} new distinct failures, {len(s['known'])} known "
+          f"(listed in {cfg.baseline})")
     for sig, f in s["failures"].items():
-        print(f"  {sig}  x{f['count']}  repro: {f['repro']}")
+        print(f"  NEW {sig}  x{f['count']}  repro: {f['repro']}")
     for sig, f in s["flaky"].items():
         print(f"  (flaky, not reproduced in a fresh worker) {sig}  x{f['count']}")
+    for sig, f in s["known"].items():
+        print(f"  known, not a bug: {sig}  x{f['count']}: {textwrap.shorten(f['reason'], 110)}")
     print(f"results: {cfg.out / 'results.jsonl'}; summary: {cfg.out / 'summary.json'}")
+    if s["failures"]:
+        print(f"new findings fail the run (exit 1): fix them, or, if one is not a bug, add its signature and the "
+              f"reason to {cfg.baseline}", file=sys.stderr)
     return 1 if s["failures"] else 0

@@ -5,6 +5,7 @@ import argparse
 import json
 import pathlib
 import sys
+import textwrap
 
 from mncore.compile.codegen import MANIFEST
 
@@ -48,17 +49,43 @@ def render(man: dict, kernels: bool = True) -> str:
     return "\n".join(lines) + "\n"
 
 
+MAKERS = ("a codegen directory is written by Context.compile(fn, inputs, codegen_dir) (e.g. "
+          "`python examples/context/add.py` writes /tmp/add_two_tensors) and, in lazy mode, one per graph under "
+          "MNCORE_CODEGEN_DIR (e.g. `MNCORE_CODEGEN_DIR=/tmp/cg python examples/lazy_mlp.py`, then "
+          "`mncore-dump /tmp/cg/<graph>`)")
+EPILOG = "example:\n  python examples/context/add.py && mncore-dump /tmp/add_two_tensors\n\n" + textwrap.fill(
+    f"A codegen directory holds {MANIFEST}, graph.py and program.txt; {MAKERS}.", 100)
+
+
+def _missing(d: pathlib.Path) -> str:
+    """Why ``d`` is not a codegen directory, and what makes one (or which of its subdirectories are)."""
+    if not d.exists():
+        return f"{d} does not exist: {MAKERS}"
+    if not d.is_dir():
+        return f"{d} is a file, not a codegen directory: {MAKERS}"
+    inner = sorted(p.parent for p in d.glob(f"*/{MANIFEST}"))
+    if inner:
+        shown = ", ".join(str(p) for p in inner[:5]) + (f" and {len(inner) - 5} more" if len(inner) > 5 else "")
+        return (f"{d} holds no {MANIFEST} but {len(inner)} codegen director{'y' if len(inner) == 1 else 'ies'} "
+                f"(lazy mode writes one per graph): {shown}; give one of them")
+    return f"{d} holds no {MANIFEST} (not a codegen directory): {MAKERS}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="mncore-dump", description=__doc__)
+    from mncore._version import __version__
+
+    ap = argparse.ArgumentParser(prog="mncore-dump", description=__doc__, epilog=EPILOG,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dir", type=pathlib.Path, help="a codegen directory (holds manifest.json)")
-    ap.add_argument("--no-kernels", action="store_true", help="omit the per-kernel lines")
+    ap.add_argument("--no-kernels", action="store_true", help="omit the per-kernel lines (default: print them)")
+    ap.add_argument("--version", action="version", version=f"%(prog)s (mncore) {__version__}")
     args = ap.parse_args(argv)
     path = args.dir / MANIFEST
+    if not path.is_file():
+        print(f"mncore-dump: {_missing(args.dir)}", file=sys.stderr)
+        return 2
     try:
         man = json.loads(path.read_text())
-    except FileNotFoundError:
-        print(f"mncore-dump: {path} does not exist (is {args.dir} a codegen directory?)", file=sys.stderr)
-        return 2
     except json.JSONDecodeError as e:
         print(f"mncore-dump: {path} is not valid JSON: {e}", file=sys.stderr)
         return 2
