@@ -8,11 +8,15 @@ Ray may only listen on loopback here, so the script runs itself inside a network
 only ``lo`` (``harness.netns``; needs root). Neither run has a disk compile cache (both compile alike).
 
     python benchmarks/cluster_overhead.py [--models mlp_w64:tiny,mlp_w128:tiny] [--jobs 2] [--steps 3]
+
+Writes both wall times, the ratio, the plan and the provenance to ``docs/cluster-results/results.json``
+(``--results``), which ``make figures`` renders into ``docs/figures.md``.
     python benchmarks/cluster_overhead.py --plan-from results/DIR [--cpus-per-node 2] [--overhead-s 0.5]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -21,9 +25,14 @@ import time
 from pathlib import Path
 
 from harness import netns
+from harness.results import provenance
+import pandas as pd
+
 from reports import cluster_plan, tables
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "cluster-results" / "results.json"
+WRITER = "benchmarks/cluster_overhead.py"
 
 
 def timed_run(cluster: str, args: argparse.Namespace, out: Path) -> float:
@@ -45,12 +54,29 @@ def timed_run(cluster: str, args: argparse.Namespace, out: Path) -> float:
     return wall
 
 
-def show_plan(results: Path, cpus_per_node: int, overhead_s: float) -> None:
+def write_results(path: Path, record: dict) -> None:
+    """The run as a results file; never replaces a file this script did not write."""
+    if path.exists():
+        try:
+            mine = json.loads(path.read_text()).get("written_by") == WRITER
+        except (ValueError, AttributeError):
+            mine = False
+        if not mine:
+            raise SystemExit(f"cluster_overhead: {path} exists and was not written by {WRITER}; "
+                             "pass another --results path")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"written_by": WRITER, **record}, indent=1) + "\n")
+    print(f"results: {path}")
+
+
+def show_plan(results: Path, cpus_per_node: int, overhead_s: float) -> pd.DataFrame:
     df = cluster_plan.cells(results)
     print(f"\nsimulation on paper from {results} ({len(df)} cells, {df['wall_s'].sum():.0f} s of cell wall time, "
           f"longest {df['wall_s'].max():.0f} s; {cpus_per_node} cells at a time per node, {overhead_s:.2f} s "
           "overhead per cell):")
-    print(tables.to_markdown(cluster_plan.plan(df, cpus_per_node, overhead_s)))
+    table = cluster_plan.plan(df, cpus_per_node, overhead_s)
+    print(tables.to_markdown(table))
+    return table
 
 
 def main() -> int:
@@ -61,6 +87,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of both runs' cells (default 1, "
                     "what Ray sets for a 1-CPU task; 0: leave it unset, so local cells use every core each)")
     ap.add_argument("--out", type=Path, help="keep both runs' results here (default: a temporary directory)")
+    ap.add_argument("--results", type=Path, default=RESULTS, help=f"results file to write (default {RESULTS})")
     ap.add_argument("--plan-from", type=Path, help="only print the plan from this results file or directory")
     ap.add_argument("--cpus-per-node", type=int, default=2)
     ap.add_argument("--overhead-s", type=float, default=None, help="per-cell overhead for the plan "
@@ -87,7 +114,15 @@ def main() -> int:
         print(f"  --cluster ray:   {ray:7.1f} s   (embedded Ray cluster, {args.jobs} CPUs, started and stopped in it)")
         print(f"  ray / local: {ray / local:.3f} (target <= 1.15)")
         overhead = args.overhead_s if args.overhead_s is not None else max(0.0, (ray - local) / n)
-        show_plan(root / "ray", args.cpus_per_node, overhead)
+        table = show_plan(root / "ray", args.cpus_per_node, overhead)
+        cells = cluster_plan.cells(root / "ray")
+        write_results(args.results, {
+            **provenance(), "loadavg_end": list(os.getloadavg()), "command": " ".join(["python", WRITER, *sys.argv[1:]]),
+            "models": args.models or "the models tier", "jobs": args.jobs, "steps": args.steps, "threads": threads,
+            "cells": n, "local_s": round(local, 1), "ray_s": round(ray, 1), "ratio": round(ray / local, 3),
+            "target": 1.15, "cell_wall_s": round(float(cells["wall_s"].sum()), 1),
+            "longest_cell_s": round(float(cells["wall_s"].max()), 1), "cpus_per_node": args.cpus_per_node,
+            "overhead_s": round(overhead, 2), "plan": table.to_dict(orient="records")})
     return 0
 
 

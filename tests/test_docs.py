@@ -13,9 +13,6 @@ from reports import figures
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 FIGURES = DOCS / "figures.md"
-# The one page whose measured figures are still hand-written with their date and command: the Ray overhead
-# figures come from ``benchmarks/cluster_overhead.py``, which writes no results file yet.
-DATED_PAGES = {"cluster.md"}
 
 # A measured figure: any number of ms, µs, minutes or cases/s; a decimal number of seconds, percent or
 # times (×); whole seconds and percentages are settings (timeouts, thresholds), whole × are counts.
@@ -82,7 +79,7 @@ def test_the_figure_check_finds_a_stale_figure():
     assert stray_figures(f"the Context step takes {quoted} ms", generated) == []
 
 
-@pytest.mark.parametrize("page", [p for p in pages() if p.name not in DATED_PAGES], ids=lambda p: p.name)
+@pytest.mark.parametrize("page", pages(), ids=lambda p: p.name)
 def test_no_hand_written_measured_figures(page):
     """A measured figure outside docs/figures.md must be one the generated page holds (so it came from a
     results file); limits, settings and counts of things are not measurements."""
@@ -129,3 +126,25 @@ def test_readme_explains_its_terms_and_cites_sources_by_name():
         assert word not in readme, word
     for page in pages():
         assert not re.search(r"\b00[0-4]_[0-9a-f]{6}", page.read_text()), f"{page.name} cites a source by file name"
+
+
+def test_the_cluster_section_renders_the_benchmarks_results_file(tmp_path):
+    """``benchmarks/cluster_overhead.py`` writes a results file; figures.md shows its two wall times, the
+    ratio judged against the target, and the plan, with where and when it was measured."""
+    import json
+
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({
+        "written_by": "benchmarks/cluster_overhead.py", "when": "2026-12-01T19:00:00", "commit": "abc1234",
+        "machine": "x86_64, 2 cores", "loadavg_start": [1.5, 1, 1], "loadavg_end": [2.5, 1, 1],
+        "command": "python benchmarks/cluster_overhead.py", "models": "the models tier", "jobs": 2, "steps": 3,
+        "threads": "OMP_NUM_THREADS=1", "cells": 19, "local_s": 300.0, "ray_s": 330.0, "ratio": 1.1,
+        "target": 1.15, "cell_wall_s": 580.0, "longest_cell_s": 90.0, "cpus_per_node": 2, "overhead_s": 1.58,
+        "plan": [{"nodes": 1, "slots": 2, "speedup": 1.0}, {"nodes": 2, "slots": 4, "speedup": 1.8}]}))
+    text = "\n".join(figures.cluster_section(path))
+    assert "| 19 | 300.0 s | 330.0 s | 1.100 | ≤ 1.15 | met |" in text
+    assert "commit `abc1234`" in text and "load average 1.5, 2.5" in text
+    assert "| 2 | 4 | 1.8 |" in text
+    slow = {**json.loads(path.read_text()), "ray_s": 400.0, "ratio": 1.333}
+    path.write_text(json.dumps(slow))
+    assert "| 1.333 | ≤ 1.15 | NOT met |" in "\n".join(figures.cluster_section(path))
