@@ -1,4 +1,7 @@
-"""Python garbage-collection pauses inside lazy-mode training steps, with and without ``MNCORE_GC_FREEZE``.
+"""Python garbage-collection pauses inside lazy-mode training steps, under each collector policy.
+
+The policies: the default (``MNCORE_GC_FREEZE=1`` and ``MNCORE_GC_AT_SYNC=1``: long-lived objects frozen,
+young generations collected at graph cuts), freezing only, and neither (CPython's own collector).
 
 Each setting runs in its own process (the collector's state is per process): a zoo model trains on
 pfvm:cpu in ``execution="sync"``; collections are timed with ``gc.callbacks`` from step ``--warmup`` on
@@ -63,15 +66,15 @@ def main() -> int:
         return 0
     print(f"{args.model} ({args.config}) on pfvm:cpu, {args.steps} steps after {args.warmup} warm-up steps; "
           "garbage-collection pauses, measured wall time")
-    for freeze in ("1", "0"):
-        env = dict(os.environ, MNCORE_GC_FREEZE=freeze)
+    for freeze, at_sync in (("1", "1"), ("1", "0"), ("0", "0")):
+        env = dict(os.environ, MNCORE_GC_FREEZE=freeze, MNCORE_GC_AT_SYNC=at_sync)
         out = subprocess.run([sys.executable, __file__, "--child", "--model", args.model, "--config", args.config,
                               "--steps", str(args.steps), "--warmup", str(args.warmup)],
                              capture_output=True, text=True, env=env, check=True).stdout
         res = json.loads(out.strip().splitlines()[-1])
         cells = ", ".join(f"gen{g}: {r['count']} x, {r['total_ms']:.1f} ms total, longest {r['max_ms']:.1f} ms"
-                          for g, r in res.items())
-        print(f"MNCORE_GC_FREEZE={freeze}: {cells}")
+                          for g, r in res.items()) or "no collection"
+        print(f"MNCORE_GC_FREEZE={freeze} MNCORE_GC_AT_SYNC={at_sync}: {cells}", flush=True)
     return 0
 
 

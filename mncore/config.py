@@ -117,6 +117,9 @@ KNOBS: tuple[Knob, ...] = (
     _knob("gc_freeze", True, _flag, "init",
           "keep long-lived objects out of Python's full garbage collections: freeze what is alive at init, and "
           "once more (after one full collection) at the first graph a repeating step reuses", "0, 1"),
+    _knob("gc_at_sync", True, _flag, "init",
+          "from the first graph a repeating step reuses, collect Python's young generations at graph cuts "
+          "instead of inside the step (automatic ones then wait for many more allocations)", "0, 1"),
     _knob("capture_check", 100, _number(int, 0, "a non-negative integer"), "each mncore.capture()",
           "captured steps: every N-th call traces again and compares instead of replaying (0: never)",
           "integer >= 0"),

@@ -1,5 +1,6 @@
 """Where host time goes: ``metrics.report()`` splits tracing and graph cuts into their parts and counts
-Python's garbage collections; ``MNCORE_GC_FREEZE`` keeps long-lived objects out of full collections."""
+Python's garbage collections; ``MNCORE_GC_FREEZE`` keeps long-lived objects out of full collections and
+``MNCORE_GC_AT_SYNC`` moves young collections from inside a step to its graph cut."""
 from __future__ import annotations
 
 import gc
@@ -61,3 +62,47 @@ def test_a_repeating_step_freezes_what_is_alive_once():
     assert all(n <= frozen[0] for n in frozen[:first_reuse])  # nothing new frozen before the reuse
     assert frozen[first_reuse] > frozen[first_reuse - 1]
     assert all(n <= frozen[first_reuse] for n in frozen[first_reuse:])
+
+
+_GC_STEPS = ("import gc, torch, mncore\nmncore.init_cpu(execution='sync')\nm = torch.nn.Linear(4, 4).mncore()\n"
+             "before = gc.get_threshold()\nrows = []\n"
+             "def steps(n):\n"
+             "    for _ in range(n):\n"
+             "        m(torch.ones(2, 4).mncore()).sum().backward(); mncore.sync(); mncore.wait_device_ops()\n"
+             "        rows.append((gc.get_threshold()[0], mncore.metrics.counters()['cache_hits']))\n"
+             "steps(4)\n")
+
+
+def _run(code: str, **env: str) -> list:
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", **env}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    return eval(r.stdout.strip().splitlines()[-1])  # noqa: S307 - our own subprocess's printed literal
+
+
+def test_young_collections_wait_for_the_graph_cut_once_a_step_repeats():
+    """Before the first reused graph CPython's thresholds hold; from it on, the automatic one is raised
+    (so no young collection runs inside forward/backward), and a cut that follows as many net
+    allocations as CPython's threshold collects them itself, counted in ``gc_collections``."""
+    code = _GC_STEPS + (
+        "keep = []\n"
+        "c0 = mncore.metrics.counters()['gc_collections']\n"
+        "keep.extend([] for _ in range(2 * before[0]))\n"  # survivors: young objects a cut must collect
+        "mid = mncore.metrics.counters()['gc_collections']\n"
+        "steps(1)\n"
+        "print([before, rows, mid - c0, mncore.metrics.counters()['gc_collections'] - mid, gc.get_count()[0]])\n")
+    before, rows, inside, at_cut, young_left = _run(code)
+    first_reuse = next(i for i, (_, hits) in enumerate(rows) if hits > 0)
+    assert all(t == before[0] for t, _ in rows[:first_reuse])
+    assert all(t > 10 * before[0] for t, _ in rows[first_reuse:])
+    assert inside == 0  # 2x the usual threshold of new objects triggered no collection by itself
+    assert at_cut >= 1 and young_left < before[0]
+
+
+def test_gc_at_sync_off_keeps_cpythons_thresholds_and_init_restores_them():
+    code = _GC_STEPS + "print([before, rows])\n"
+    before, rows = _run(code, MNCORE_GC_AT_SYNC="0")
+    assert all(t == before[0] for t, _ in rows)
+    code = _GC_STEPS + "mncore.init_cpu()\nprint([before, list(gc.get_threshold()), rows[-1][0]])\n"
+    before, after, raised = _run(code)
+    assert raised > before[0] and tuple(after) == tuple(before)

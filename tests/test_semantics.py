@@ -8,6 +8,7 @@ code, the mutated inputs and every view created along the way) with
 from __future__ import annotations
 
 import copy
+import gc
 import warnings
 
 import pytest
@@ -484,6 +485,37 @@ def test_views_across_syncs():
         out.append((t, v, c))
     mncore.sync()
     assert_same(out[1], out[0])
+
+
+def test_a_view_kept_across_a_sync_holds_no_old_graph_or_buffers():
+    """Linear's ``.grad`` tensors are views. After each step's sync exactly the parameters and
+    their gradients are on the device: a view's cached traced value must not keep the previous
+    step's graph alive, with the input batch and the old parameter values it read."""
+    torch.manual_seed(0)
+    mncore.sync()
+    mncore.wait_device_ops()
+    gc.collect()
+    base = mncore.metrics.counters()["live_buffers"]  # what earlier tests in this process still hold
+    ref = nn.Linear(4, 3)
+    dev = copy.deepcopy(ref).to("mncore")
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ref, dev)]
+    live = []
+    for step in range(4):
+        x = torch.randn(2, 4)
+        for m, opt, xx in ((ref, opts[0], x), (dev, opts[1], x.to("mncore"))):
+            opt.zero_grad()
+            m(xx).square().sum().backward()
+            opt.step()
+        del xx
+        mncore.sync()
+        mncore.wait_device_ops()
+        assert all(p.grad.mn_chain for p in dev.parameters())  # the case under test: grads are views
+        gc.collect()  # what is unreachable does not count; the old graph was reachable, from the grads
+        live.append(mncore.metrics.counters()["live_buffers"] - base)
+    assert live == [4, 4, 4, 4]  # weight, bias and their two gradients; nothing of older steps
+    for p_ref, p_dev in zip(ref.parameters(), dev.parameters()):
+        torch.testing.assert_close(p_dev.cpu(), p_ref)
+        torch.testing.assert_close(p_dev.grad.cpu(), p_ref.grad)
 
 
 def test_expand_write_raises_like_eager():

@@ -26,6 +26,7 @@ from mncore.trace.tensor import DEVICE_NAME, LazyTensor
 from mncore.trace.writes import mutating, write
 
 aten = torch.ops.aten
+_ALIAS_IDS = frozenset(map(id, views.ALIASES))  # by id: see ``routes``
 
 
 def _view(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -33,9 +34,11 @@ def _view(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     self = args[0]
     if not isinstance(self, LazyTensor):
         return functional(info, func, args, kwargs)
-    if func in views.ALIASES:
+    if id(func) in _ALIAS_IDS:
         child = _child(self, self.mn_meta, self.mn_chain)
-        child.mn_view_cache = self.mn_view_cache
+        if self.mn_view_cache is not None:
+            child.mn_view_cache = self.mn_view_cache
+            tracer.view_cached.add(child)
         return child
     try:
         node = record(info, func, args, kwargs)
@@ -51,6 +54,7 @@ def _view(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
         # writing through them raises in views.inverse.
         child = _child(self, metas[0], self.mn_chain + ((func, rest, self.mn_meta.shape),))
         child.mn_view_cache = (token, (node, 0))
+        tracer.view_cached.add(child)
         return child
     pieces = views.split_views(func, rest, self.mn_meta.shape)
     if pieces is None:
@@ -59,6 +63,7 @@ def _view(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     for i, ((op, a), m) in enumerate(zip(pieces, metas)):
         child = _child(self, m, self.mn_chain + ((op, a, self.mn_meta.shape),))
         child.mn_view_cache = (token, (node, i))
+        tracer.view_cached.add(child)
         out.append(child)
     return struct(out)
 
@@ -123,13 +128,15 @@ def _unsupported(what: str):
 NO_KWARGS: dict = {}
 
 
+# Keyed by ``id(func)``: an OpOverload's ``__hash__`` is a Python call, paid on every traced op
+# otherwise; the entry holds ``func`` itself, so the id stays its own.
 routes: dict = {}
 
 
 def route(func: Any) -> tuple:
-    """(op facts, handler) of ``func``, remembered in ``routes``."""
+    """(op facts, handler, func) of ``func``, remembered in ``routes``."""
     info = opinfo.info_for(func)
-    hit = routes[func] = (info, _SPECIAL.get(func) or _HANDLERS[info.kind])
+    hit = routes[id(func)] = (info, _SPECIAL.get(func) or _HANDLERS[info.kind], func)
     return hit
 
 
@@ -216,6 +223,8 @@ def _metadata_inplace(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     view = views.out_of_place(func)(*args, **kwargs)
     _set_wrapper_meta(func, args, kwargs)
     self.mn_meta, self.mn_chain, self.mn_view_cache = view.mn_meta, view.mn_chain, view.mn_view_cache
+    if self.mn_view_cache is not None:
+        tracer.view_cached.add(self)
     if getattr(view, "mn_readonly", None):
         self.mn_readonly = view.mn_readonly
     return self

@@ -98,14 +98,18 @@ def _infer(target: Any, targs: tuple, tkw: tuple, inputs: list, sigs: list) -> t
 
 def signature(target: Any, targs: tuple, tkw: tuple, inputs: list, sigs: list) -> OpSig:
     """The interned signature of one call; shape inference runs only the first time it is seen."""
-    key = (target, targs, tkw, tuple(sigs))
+    metas = tuple(sigs)
+    # The cache is keyed by ``id(target)`` (an OpOverload hashes in Python); the interned OpSig
+    # holds the target itself, so the id is not reused while the entry lives.
+    ckey = (id(target), targs, tkw, metas)
     cache = tracer.sig_cache
-    sig = cache.get(key)
+    sig = cache.get(ckey)
     if sig is None:
+        key = (target, targs, tkw, metas)
         t0 = perf_counter()
         try:
-            struct, metas = _infer(target, targs, tkw, inputs, sigs)
+            struct, outs = _infer(target, targs, tkw, inputs, sigs)
         finally:
             metrics.add("infer_s", perf_counter() - t0)
-        sig = cache[key] = OpSig(len(cache), key, struct, metas, user_site())
+        sig = cache[ckey] = OpSig(len(cache), key, struct, outs, user_site())
     return sig

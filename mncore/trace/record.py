@@ -38,6 +38,7 @@ def value_of(t: Any) -> tuple:
     for op, args, _parent_shape in ch:
         ref, meta = emit1(op, (RefArg(ref, meta),) + tuple(args), {})
     t.mn_view_cache = (token, ref)
+    tracer.view_cached.add(t)
     return ref
 
 

@@ -1,13 +1,13 @@
 """``mncore.init``: attach a device and choose the execution and precision modes for lazy mode."""
 from __future__ import annotations
 
-import gc
 
 from mncore import config
 from mncore.config import settings
 from mncore.devices import registry
 from mncore.errors import NotInitializedError
 from mncore.ir import buffers
+from mncore.trace import gcpolicy
 from mncore.trace.state import tracer
 from mncore.trace.sync import sync, wait_device_ops
 
@@ -34,9 +34,7 @@ def init(device: str | None = None, *, implicit_sync: str | None = None, executi
     execution = config.resolve("execution", execution)
     fallback = config.resolve("fallback", fallback)
     debug = config.get("debug")
-    if config.get("gc_freeze"):
-        gc.freeze()
-    tracer.freeze_at_reuse = config.get("gc_freeze")
+    gcpolicy.at_init()
     if settings.device is not None:
         sync()
         wait_device_ops()

@@ -26,6 +26,45 @@ class Recording:
         self.problems.append((cause, user_site()))
 
 
+class WeakList:
+    """Objects held weakly, in the order added: the pending graph roots, the tensors that cache a
+    view's traced value.
+
+    A list of weak references, appended on every traced op and de-duplicated only when read: a
+    ``WeakSet`` costs a Python-level ``add`` per op and a removal callback for every intermediate
+    that dies. Dead references are compacted away whenever the list doubles, so a long stretch of
+    tracing without a graph cut stays bounded by the live objects.
+    """
+
+    __slots__ = ("_refs", "_limit")
+
+    def __init__(self) -> None:
+        self._refs: list[weakref.ref] = []
+        self._limit = _MIN_COMPACT
+
+    def add(self, obj: Any) -> None:
+        refs = self._refs
+        refs.append(weakref.ref(obj))
+        if len(refs) > self._limit:
+            live = self.live()
+            self._refs = [weakref.ref(o) for o in live]
+            self._limit = max(_MIN_COMPACT, 2 * len(live))
+
+    def live(self) -> list:
+        """The live objects, each once, in the order they were first added."""
+        seen: set[int] = set()
+        out = []
+        for r in self._refs:
+            o = r()
+            if o is not None and id(o) not in seen:
+                seen.add(id(o))
+                out.append(o)
+        return out
+
+
+_MIN_COMPACT = 4096
+
+
 class Tracer:
     """Pending storages (graph roots) since the last cut, the cut counter, interned op signatures.
 
@@ -37,14 +76,23 @@ class Tracer:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.pending: weakref.WeakSet = weakref.WeakSet()
+        self.pending = WeakList()  # storages written since the last cut: the next graph's roots
         self.epoch = 0  # bumped at every graph cut: cached view values of older epochs are stale
+        self.view_cached = WeakList()  # tensors whose ``mn_view_cache`` holds a traced value
         self.sig_cache: dict[tuple, OpSig] = {}
         self.record_frames = False
         self.capture: list | None = None  # Context API tracing: host tensors read become constants
         self.host_read: Callable[[Any, str], Any] | None = None  # Context API tracing: evaluates (and guards) a read
-        self.freeze_at_reuse = False  # MNCORE_GC_FREEZE: freeze again once a step repeats (see sync)
         self.recording: Recording | None = None  # set while mncore.capture records a step
+
+    def new_epoch(self) -> None:
+        """Start a new graph epoch: cached view values are stale, and are dropped now rather than
+        when the tensor is next read; a live ``.grad`` that is a view would otherwise keep the whole
+        previous graph alive, its old device buffers included, until the next backward."""
+        self.epoch += 1
+        for t in self.view_cached.live():
+            t.mn_view_cache = None
+        self.view_cached = WeakList()
 
 
 tracer = Tracer()
@@ -56,7 +104,7 @@ def separate_trace(host_read: Callable[[Any, str], Any] | None = None) -> Iterat
     pending and out of this graph; yields the list that collects the host tensors read.
     ``host_read(tensor, reason)`` answers host reads of traced values (None: they raise)."""
     saved_pending = tracer.pending
-    tracer.pending = weakref.WeakSet()
+    tracer.pending = WeakList()
     tracer.capture = []
     tracer.host_read = host_read
     try:
@@ -65,4 +113,4 @@ def separate_trace(host_read: Callable[[Any, str], Any] | None = None) -> Iterat
         tracer.capture = None
         tracer.host_read = None
         tracer.pending = saved_pending
-        tracer.epoch += 1
+        tracer.new_epoch()

@@ -5,8 +5,6 @@ Lifted scalars and random seeds are inputs, so their values never enter the key.
 """
 from __future__ import annotations
 
-import gc
-import weakref
 from dataclasses import dataclass
 
 from mncore import cache
@@ -18,7 +16,8 @@ from mncore.ir.latch import Latch
 from mncore.ir.values import Data, Node, Scalar
 from mncore.compile.executable import Executable
 from mncore.observe import metrics, timeline
-from mncore.trace.state import tracer
+from mncore.trace import gcpolicy
+from mncore.trace.state import WeakList, tracer
 from mncore.trace.tensor import Storage
 
 _last_sync_end = [timeline.now()]
@@ -43,20 +42,11 @@ def compiled(refs: list[tuple], options: tuple = ()) -> tuple[Executable, Collec
     device = registry.active()
     exe, reused = cache.executable_for(g, device, options, policy, explain="recompile" in settings.debug)
     device.check_memory(exe)
-    if reused and tracer.freeze_at_reuse:
-        _freeze_long_lived()
+    if reused:
+        gcpolicy.at_reuse()
     metrics.add("collect_s", t1 - t0)
     metrics.add("lookup_s", timeline.now() - t1)  # a compile on a miss included (also in compile_s)
     return exe, g
-
-
-def _freeze_long_lived() -> None:
-    """The first graph served from the cache after ``init``: the step repeats, so what is alive now
-    (model, optimizer state, executables) lives on. Collect once, then keep it out of every later full
-    collection (``MNCORE_GC_FREEZE``): those traversals paused GPT-2 steps for ~200 ms."""
-    tracer.freeze_at_reuse = False
-    gc.collect()
-    gc.freeze()
 
 
 def sync(wait: bool = False, reason: str = "user") -> None:
@@ -75,6 +65,7 @@ def sync(wait: bool = False, reason: str = "user") -> None:
         executor.raise_errors()
     with tracer.lock:
         cut(reason)
+    gcpolicy.at_cut()  # here, not in cut(): what cut() returns still holds the whole graph
     if user and settings.execution == "sync":
         executor.raise_errors()
     if wait:
@@ -101,9 +92,9 @@ def cut(reason: str, extra: tuple = ()) -> Submitted | None:
     t0 = timeline.now()
     waited = 0.0
     timeline.record("host", "trace", _last_sync_end[0], t0)
-    storages = [s for s in list(tracer.pending) if type(s.value[0]) is Node]
-    tracer.pending = weakref.WeakSet()
-    tracer.epoch += 1
+    storages = [s for s in tracer.pending.live() if type(s.value[0]) is Node]
+    tracer.pending = WeakList()
+    tracer.new_epoch()
     done = None
     if storages or extra:
         try:
@@ -164,6 +155,7 @@ def store(s: Storage, leaf: Data) -> None:
 def mark_host_end(t: float) -> None:
     """A replayed step ends the host's work like a graph cut: the next trace span starts here."""
     _last_sync_end[0] = t
+    gcpolicy.at_cut()
 
 
 def wait_device_ops() -> None:

@@ -71,7 +71,7 @@ class LazyTensor(torch.Tensor):
         t0 = perf_counter()
         _lock_acquire()
         try:
-            hit = _routes.get(func)
+            hit = _routes.get(id(func))
             if hit is None:
                 hit = _route(func)
             return hit[1](hit[0], func, args, kwargs or _NO_KWARGS)
