@@ -80,6 +80,7 @@ def run_on(c: Campaign, where: Cluster, workers: int) -> dict:
     failing: dict[str, list[tuple[Case, dict]]] = {}  # new signatures: every case that showed them
     lost: list[dict[str, Any]] = []
     tally = {"cases": 0, "starts": 0}
+    nodes: set[str] = set()  # where the cells ran ('' : here)
     stopped: Interrupted | None = None
     startup_s = time.monotonic() - t_start
     with tempfile.TemporaryDirectory(prefix="mncore-fuzz-") as tmp, \
@@ -93,6 +94,7 @@ def run_on(c: Campaign, where: Cluster, workers: int) -> dict:
             """A cell's result (its log appended to worker.log), or None with the cell listed as lost."""
             worker_log.write(o.job.log.read_bytes() if o.job.log.exists() else b"")
             worker_log.flush()
+            nodes.add(o.node)
             if o.kind != "result":
                 lost.append({"cell": o.job.label, "status": o.kind, "node": o.node, "what": what,
                              "reason": o.reason[-400:]})
@@ -158,6 +160,7 @@ def run_on(c: Campaign, where: Cluster, workers: int) -> dict:
         setattr(c.stats, name, dict(sorted(getattr(c.stats, name).items(), key=lambda kv: kv[1]["first_case"])))
     summary = c.summary(len(done) + tally["cases"], tally["cases"], time.monotonic() - t_start,
                         time.monotonic() - t_fuzz, startup_s, rows, tally["starts"], lost, stopped and stopped.name)
+    summary["nodes"] = sorted(nodes - {""})
     (c.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary
 
