@@ -126,12 +126,25 @@ def _known_failure(case: Case, backend: str, known: list) -> bool:
     return any(x.matches(case.op, dtypes, backend) for x in known)
 
 
+def judge(case: Case, res: dict, backend: str, known: list, baseline: list) -> str | None:
+    """``res``'s signature when it is a failure (None otherwise); one listed in ``known``
+    (ci/expected_op_failures.json) becomes ``xfail`` (no signature), one in ``baseline`` ``known``."""
+    sig = signature(case.op, res)
+    if sig and _known_failure(case, backend, known):
+        res["status"], sig = "xfail", None
+    elif sig and (entry := baseline_entry(baseline, sig, str(res.get("message", "")))):
+        res["status"], res["baseline"] = "known", entry.reason  # judged not a bug
+    return sig
+
+
 def confirm(case: Case, sig: str, worker: Worker, shrink_seconds: float) -> dict:
-    """Re-run ``case`` in ``worker`` (fresh: the caller restarts it) and, when it fails again as ``sig``,
-    shrink it and confirm the shrunk case in a fresh worker: ``{"small", "final", "info"}``; else
-    ``{"rerun": status}`` (flaky)."""
+    """Re-run ``case`` in a fresh worker and, when it fails again as ``sig``, shrink it and confirm the
+    shrunk case in a fresh worker: ``{"small", "final", "info"}``; else ``{"rerun": status}`` (flaky).
+    The worker is fresh again after (the next cases see nothing of this one)."""
+    worker.restart()
     again = worker.run(case.to_json())
     if signature(case.op, again) != sig:
+        worker.restart()
         return {"rerun": again.get("status")}
     small, info = shrink(case, sig, lambda c: worker.run(c.to_json()), shrink_seconds)
     final = again
@@ -140,6 +153,7 @@ def confirm(case: Case, sig: str, worker: Worker, shrink_seconds: float) -> dict
         final = worker.run(small.to_json())
         if signature(small.op, final) != sig:  # only reproduced after earlier attempts: keep the original
             small, final, info["fallback"] = case, again, "shrunk case did not reproduce in a fresh worker"
+    worker.restart()
     return {"small": small, "final": final, "info": info}
 
 
@@ -199,12 +213,9 @@ class Campaign:
     def record(self, results: IO[str], case: Case, res: dict, known: list) -> str | None:
         """Judge case ``case.index``'s outcome (an expected failure, a baseline finding), count it and write
         its line; returns its signature when it is a failure (None otherwise)."""
-        sig = signature(case.op, res)
-        if sig and _known_failure(case, self.cfg.backend, known):
-            res["status"], sig = "xfail", None  # listed in ci/expected_op_failures.json
-        elif sig and (entry := baseline_entry(self.baseline, sig, str(res.get("message", "")))):
-            res["status"], res["baseline"] = "known", entry.reason  # judged not a bug
-            self.stats.add_known(sig, case.index, entry.reason)
+        sig = judge(case, res, self.cfg.backend, known, self.baseline)
+        if res["status"] == "known":
+            self.stats.add_known(sig, case.index, res["baseline"])
         self.stats.add(case, res)
         results.write(json.dumps({"index": case.index, "op": case.op, "describe": case.describe(), "signature": sig,
                                   **res, "case": case.to_json()}, default=str) + "\n")
@@ -240,10 +251,7 @@ class Campaign:
             known["count"] += 1
             return
         t0 = time.monotonic()
-        worker.restart()
-        outcome = confirm(case, sig, worker, self.cfg.shrink_seconds)
-        worker.restart()
-        self.book(sig, case, res, outcome, findings)
+        self.book(sig, case, res, confirm(case, sig, worker, self.cfg.shrink_seconds), findings)
         self.stats.shrink_s += time.monotonic() - t0
 
     def book(self, sig: str, case: Case, res: dict, outcome: dict, findings: Findings, count: int = 1) -> None:

@@ -3,15 +3,16 @@
 The campaign's next cases are dealt round-robin to N shards (shard k runs the k-th, (k+N)-th, ... of
 them); each shard is a cell (``harness.fuzz.shard`` in its own OS process with a timeout, on the
 cluster: ``max_retries=0``, outcomes in completion order by ``ray.wait``, the resources of a cell on the
-campaign's backend). The driver here judges every case as a local campaign does and writes the same
-``results.jsonl`` lines (a shard's lines as it ends), then confirms and shrinks each new signature's
-first case (the lowest index, whichever shard found it) in a cell of its own, and writes the same
-``findings/`` and ``summary.json``. Case i depends only on the campaign's identity, never on the shard
-that runs it, so a case budget gives the same cases and findings as a local campaign.
+campaign's backend) whose worker runs its cases as a local campaign's does, confirming and shrinking the
+first case of each new signature it sees. The driver here judges every case as a local campaign does
+and writes the same ``results.jsonl`` lines (a shard's lines as it ends); each signature's finding is
+the one of its lowest index, whichever shard ran it, so ``findings/`` and ``summary.json`` are a local
+campaign's too. Case i depends only on the campaign's identity, never on the shard that runs it, so a
+case budget gives the same cases and findings as a local campaign.
 
-A shard or confirmation that does not end with a result (a lost worker or node, its timeout) is
-listed in the summary's ``lost`` with its node and cases (``--resume`` runs them); SIGINT or SIGTERM
-cancels what still runs and writes the summary of what ended (``interrupted``).
+A shard that does not end with a result (a lost worker or node, its timeout) is listed in the
+summary's ``lost`` with its node and cases (``--resume`` runs them); SIGINT or SIGTERM cancels what
+still runs and writes what ended (``interrupted``).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from harness import expected
 from harness.cells import CellRunner, Job, Outcome
@@ -54,18 +55,6 @@ def plan_shards(done: set[int], cases: int | None, workers: int) -> list[dict[st
     return specs
 
 
-def _case_time(c: Campaign) -> float:
-    """The longest one case can take in a worker (its timeout, extended for slow cases)."""
-    return (1 + MAX_EXTENSION) * c.cfg.case_timeout
-
-
-def _unconfirmed(c: Campaign, sig: str, case: Case, res: dict, count: int, why: str) -> None:
-    """A new signature whose confirmation did not run or did not end: a failure without a repro."""
-    c.stats.failures[sig] = {"count": count, "first_case": case.index, "kind": res.get("kind"),
-                             "oracle": res.get("oracle"), "message": str(res.get("message", ""))[:1000],
-                             "repro": None, "confirm": why}
-
-
 def run_on(c: Campaign, where: Cluster, workers: int) -> dict:
     """Run campaign ``c`` as ``workers`` shards on ``where``; returns (and writes) its summary."""
     cfg, t_start = c.cfg, time.monotonic()
@@ -74,90 +63,54 @@ def run_on(c: Campaign, where: Cluster, workers: int) -> dict:
     c.out.mkdir(parents=True, exist_ok=True)
     done = c.earlier_cases() if cfg.resume else set()
     (c.out / "campaign.json").write_text(json.dumps(cfg.identity(), indent=1) + "\n")
-    findings = Findings(c.out)
     common = {"identity": cfg.identity(), "case_timeout": cfg.case_timeout, "shrink_seconds": cfg.shrink_seconds,
-              "seconds": cfg.seconds, "base": os.getcwd()}
-    failing: dict[str, list[tuple[Case, dict]]] = {}  # new signatures: every case that showed them
+              "seconds": cfg.seconds, "baseline": str(cfg.baseline), "base": os.getcwd(),
+              "seen": sorted({*c.stats.failures, *c.stats.flaky})}
+    failing: dict[str, list[tuple[Case, dict, dict | None]]] = {}  # new signatures: the cases that showed them
     lost: list[dict[str, Any]] = []
     tally = {"cases": 0, "starts": 0}
-    nodes: set[str] = set()  # where the cells ran ('' : here)
+    nodes: set[str] = set()  # where the cells ran ('': here)
     stopped: Interrupted | None = None
     startup_s = time.monotonic() - t_start
     with tempfile.TemporaryDirectory(prefix="mncore-fuzz-") as tmp, \
             (c.out / "results.jsonl").open("a") as results, (c.out / "worker.log").open("ab") as worker_log:
 
-        def cells(kind: str, specs: list[dict[str, Any]]) -> list[Job]:
-            return [Job(f"{kind} {k}", SHARD, (json.dumps({**common, **spec}), str(Path(tmp, f"{kind}-{k}.json"))),
-                        Path(tmp, f"{kind}-{k}.json"), device=cfg.backend) for k, spec in enumerate(specs)]
-
-        def ended(o: Outcome, what: str) -> dict[str, Any] | None:
-            """A cell's result (its log appended to worker.log), or None with the cell listed as lost."""
+        def shard_done(o: Outcome) -> str:
+            """Record a shard's cases (its log appended to worker.log), or list it as lost."""
             worker_log.write(o.job.log.read_bytes() if o.job.log.exists() else b"")
             worker_log.flush()
             nodes.add(o.node)
             if o.kind != "result":
-                lost.append({"cell": o.job.label, "status": o.kind, "node": o.node, "what": what,
+                spec = json.loads(o.job.args[0])["indices"]
+                lost.append({"cell": o.job.label, "status": o.kind, "node": o.node, "what": f"cases {_describe(spec)}",
                              "reason": o.reason[-400:]})
-                return None
+                return f"{o.kind}: {o.reason[:200]}"
             got = json.loads(o.job.result.read_text())
             if "setup_error" in got:
                 raise WorkerSetupError(got["setup_error"])
             tally["starts"] += got["starts"]
-            return got
-
-        def shard_done(o: Outcome) -> str:
-            spec = json.loads(o.job.args[0])["indices"]
-            got = ended(o, f"cases {_describe(spec)}")
-            if got is None:
-                return f"{o.kind}: {o.reason[:200]}"
-            new = 0
-            for case_json, res in got["cases"]:
-                case = Case.from_json(case_json)
+            tally["cases"] += len(got["cases"])
+            for line in got["cases"]:
+                case, res = Case.from_json(line["case"]), line["result"]
                 sig = c.record(results, case, res, known)
                 if sig and res["status"] != "known":
-                    new += sig not in failing
-                    failing.setdefault(sig, []).append((case, res))
-            tally["cases"] += len(got["cases"])
-            return f"{len(got['cases'])} cases, {new} new signatures"
+                    failing.setdefault(sig, []).append((case, res, line.get("confirm")))
+                c.stats.shrink_s += line.get("confirm_s", 0.0)
+            failed = sum(1 for line in got["cases"] if line["result"].get("status") == "fail")
+            return f"{len(got['cases'])} cases, {failed} failing"
 
         t_fuzz = time.monotonic()
+        specs = plan_shards(done, cfg.cases, workers)
+        jobs = [Job(f"shard {k}", SHARD, (json.dumps({**common, "indices": spec}), str(Path(tmp, f"shard-{k}.json"))),
+                    Path(tmp, f"shard-{k}.json"), device=cfg.backend) for k, spec in enumerate(specs)]
+        # Past its --seconds a shard ends its last case and may confirm and shrink its finding (3 runs, 3 starts).
+        timeout = cfg.seconds + cfg.shrink_seconds + 4 * ((1 + MAX_EXTENSION) * cfg.case_timeout + READY_TIMEOUT_S)
         try:
-            shards = cells("shard", [{"indices": spec} for spec in plan_shards(done, cfg.cases, workers)])
-            timeout = cfg.seconds + _case_time(c) + 2 * READY_TIMEOUT_S
-            _run(shards, "fuzz", timeout, where, shard_done)
-            todo = []
-            for sig, seen in sorted(failing.items(), key=lambda kv: min(case.index for case, _ in kv[1])):
-                before = c.stats.failures.get(sig) or c.stats.flaky.get(sig)  # found by an earlier session
-                if before is not None:
-                    before["count"] += len(seen)
-                else:
-                    todo.append((sig, min(seen, key=lambda cr: cr[0].index), len(seen)))
-            confirms = cells("confirm", [{"confirm": {"case": case.to_json(), "signature": sig}}
-                                         for sig, (case, _), _ in todo])
-
-            def confirm_done(o: Outcome) -> str:
-                sig, (case, res), count = todo[confirms.index(o.job)]
-                got = ended(o, f"confirming {sig}")
-                if got is None:
-                    _unconfirmed(c, sig, case, res, count, f"lost: {o.reason[:200]}")
-                    return f"{sig}: {o.kind}"
-                outcome = got["confirm"]
-                if "small" in outcome:
-                    outcome["small"] = Case.from_json(outcome["small"])
-                c.book(sig, case, res, outcome, findings, count)
-                c.stats.shrink_s += o.wall_s
-                return f"{sig}: {'confirmed' if 'small' in outcome else 'flaky'}"
-
-            timeout = cfg.shrink_seconds + 3 * (_case_time(c) + READY_TIMEOUT_S)
-            _run(confirms, "fuzz confirm", timeout, where, confirm_done)
+            with CellRunner(len(jobs), "fuzz", timeout=timeout, cluster=where) as runner:
+                runner.run(jobs, shard_done, status=lambda v: v)
         except Interrupted as e:  # the cells are cancelled (CellRunner.run); what ended is written
             stopped = e
-            for sig, seen in failing.items():
-                if sig not in c.stats.failures and sig not in c.stats.flaky:
-                    case, res = min(seen, key=lambda cr: cr[0].index)
-                    _unconfirmed(c, sig, case, res, len(seen), f"not confirmed: interrupted by {e.name}")
-    for name in ("failures", "flaky"):  # a local campaign's order: by first sighting
-        setattr(c.stats, name, dict(sorted(getattr(c.stats, name).items(), key=lambda kv: kv[1]["first_case"])))
+        _book(c, failing, Findings(c.out))
     summary = c.summary(len(done) + tally["cases"], tally["cases"], time.monotonic() - t_start,
                         time.monotonic() - t_fuzz, startup_s, rows, tally["starts"], lost, stopped and stopped.name)
     summary["nodes"] = sorted(nodes - {""})
@@ -165,14 +118,26 @@ def run_on(c: Campaign, where: Cluster, workers: int) -> dict:
     return summary
 
 
+def _book(c: Campaign, failing: dict[str, list[tuple[Case, dict, dict | None]]], findings: Findings) -> None:
+    """Each new signature as a local campaign enters it: its first case (the lowest index, which the
+    shard that ran it confirmed and shrank), the number of cases that showed it; in order of first case."""
+    for sig, seen in sorted(failing.items(), key=lambda kv: min(case.index for case, _, _ in kv[1])):
+        earlier = c.stats.failures.get(sig) or c.stats.flaky.get(sig)  # entered by an earlier session
+        if earlier is not None:
+            earlier["count"] += len(seen)
+            continue
+        case, res, outcome = min(seen, key=lambda seen_case: seen_case[0].index)
+        if outcome is None:  # its shard judged it otherwise (another --baseline file on its node)
+            c.stats.failures[sig] = {"count": len(seen), "first_case": case.index, "kind": res.get("kind"),
+                                     "oracle": res.get("oracle"), "message": str(res.get("message", ""))[:1000],
+                                     "repro": None, "confirm": "not confirmed by its shard"}
+            continue
+        if "small" in outcome:
+            outcome = {**outcome, "small": Case.from_json(outcome["small"])}
+        c.book(sig, case, res, outcome, findings, len(seen))
+
+
 def _describe(spec: dict[str, Any]) -> str:
     head = f"{spec['indices']} then " if spec["indices"] else ""
     end = "on" if spec["stop"] is None else spec["stop"] - 1
     return f"{head}{spec['start']}..{end} step {spec['step']}"
-
-
-def _run(jobs: list[Job], desc: str, timeout: float, where: Cluster, finish: Callable[[Outcome], str]) -> None:
-    if jobs:
-        with CellRunner(len(jobs), desc, timeout=timeout, cluster=where) as runner:
-            runner.run(jobs, finish, status=lambda v: v)
-

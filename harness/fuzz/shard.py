@@ -1,12 +1,13 @@
 """One shard of a fuzz campaign on a cluster, run as a cell (``python -m harness.fuzz.shard SPEC RESULT``):
-a worker (``harness.fuzz.worker``, as a local campaign has) runs the shard's case indices, or confirms
-and shrinks one finding, and the outcome is written to ``RESULT`` as JSON for the campaign's driver
-(``harness.fuzz.on_cluster``), which judges, counts and writes everything.
+a worker (``harness.fuzz.worker``, as a local campaign has) runs the shard's case indices and, as a local
+campaign does, confirms and shrinks the first case of each new signature in a fresh worker; the outcome
+goes to ``RESULT`` as JSON for the campaign's driver (``harness.fuzz.on_cluster``), which counts and
+writes everything.
 
-``SPEC`` (JSON) holds the campaign's identity (what decides case i), its timeouts and either
-``indices`` (explicit, then ``range(start, stop, step)``; no ``stop``: until the time budget ends) or
-``confirm`` (a case and its signature). The worker's output goes to the cell's log, which the driver
-appends to ``<out>/worker.log``.
+``SPEC`` (JSON) holds the campaign's identity (what decides case i), its timeouts and budgets, the
+signatures it has already confirmed (``seen``) and the indices: explicit ones, then ``range(start, stop,
+step)`` (no ``stop``: until the time budget ends). The worker's output goes to the cell's log, which the
+driver appends to ``<out>/worker.log``.
 """
 from __future__ import annotations
 
@@ -18,48 +19,55 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from harness.fuzz.campaign import Config, confirm, select_rows
-from harness.fuzz.cases import Case
+from harness import expected
+from harness.fuzz.baseline import load as load_baseline
+from harness.fuzz.campaign import Config, confirm, judge, select_rows
 from harness.fuzz.mutate import generate
 from harness.fuzz.worker import Worker, WorkerSetupError
 
 
 def indices(spec: dict[str, Any]) -> Iterator[int]:
     """The shard's case indices, in the order it runs them."""
-    tail = itertools.count(spec["start"], spec["step"]) if spec["stop"] is None else range(spec["start"], spec["stop"],
-                                                                                           spec["step"])
-    return itertools.chain(spec["indices"], tail)
+    stop, start, step = spec["stop"], spec["start"], spec["step"]
+    return itertools.chain(spec["indices"], itertools.count(start, step) if stop is None else range(start, stop, step))
 
 
 def config(spec: dict[str, Any]) -> Config:
     ident = dict(spec["identity"])
     ident["registry"] = Path(ident["registry"]) if ident.get("registry") else None
     return Config(**ident, case_timeout=spec["case_timeout"], shrink_seconds=spec["shrink_seconds"],
-                  seconds=spec["seconds"])
+                  seconds=spec["seconds"], baseline=Path(spec["baseline"]))
 
 
 def run(spec: dict[str, Any], log: Path) -> dict[str, Any]:
-    """The shard's outcome: ``{"cases": [[case, result], ...]}`` or ``{"confirm": ...}``, with the worker's
-    starts; ``{"setup_error": message}`` when its worker cannot start (a bad backend or plugin)."""
+    """``{"cases": [{"case", "result"[, "confirm", "confirm_s"]}, ...], "starts"}``: each case's result (as the
+    worker gave it: the driver judges it), with what confirming a new signature found;
+    ``{"setup_error": message}`` when the worker cannot start (a bad backend or plugin)."""
     cfg = config(spec)
     worker = Worker(cfg.backend, cfg.plugin, log, cfg.case_timeout, base=spec["base"])
     try:
         worker.prepare()
+        rows, known, baseline = select_rows(cfg), expected.load(), load_baseline(cfg.baseline)
         worker.start()
-        if "confirm" in spec:
-            case = Case.from_json(spec["confirm"]["case"])
-            got = confirm(case, spec["confirm"]["signature"], worker, cfg.shrink_seconds)
-            if "small" in got:
-                got["small"] = got["small"].to_json()
-            return {"confirm": got, "starts": worker.starts}
-        rows = select_rows(cfg)
+        seen = set(spec["seen"])
         deadline = time.monotonic() + cfg.seconds
         ran = []
         for i in indices(spec["indices"]):
             if time.monotonic() >= deadline:
                 break
             case = generate(rows, cfg.seed, i, cfg.max_numel)
-            ran.append([case.to_json(), worker.run(case.to_json())])
+            res = worker.run(case.to_json())
+            line: dict[str, Any] = {"case": case.to_json(), "result": res}
+            judged = dict(res)
+            sig = judge(case, judged, cfg.backend, known, baseline)
+            if sig and judged["status"] != "known" and sig not in seen:
+                seen.add(sig)
+                t0 = time.monotonic()
+                got = confirm(case, sig, worker, cfg.shrink_seconds)
+                if "small" in got:
+                    got["small"] = got["small"].to_json()
+                line.update(confirm=got, confirm_s=time.monotonic() - t0)
+            ran.append(line)
         return {"cases": ran, "starts": worker.starts}
     except WorkerSetupError as e:
         return {"setup_error": str(e)}
