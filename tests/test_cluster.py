@@ -190,3 +190,22 @@ def test_plan_from_a_results_file(tmp_path):
     with pytest.raises(ValueError, match="wall_s"):
         (tmp_path / "results.jsonl").write_text(json.dumps({"model": "m", "config": "tiny", "backend": "b"}) + "\n")
         cluster_plan.cells(tmp_path)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray not installed (pip install -e '.[ray]')")
+def test_ray_client_server_failure_names_the_fix(monkeypatch):
+    """A head whose client server cannot start the client's server process: the error names the fix."""
+    from harness import cluster_ray
+
+    def refused(**kwargs):
+        raise ConnectionAbortedError("Initialization failure from server: RuntimeError: Starting Ray client server "
+                                     "failed. See ray_client_server_23000.err for detailed logs.")
+
+    monkeypatch.setattr(cluster_ray.ray, "init", refused)
+    with pytest.raises(cluster.ClusterError, match="GRPC_ENABLE_FORK_SUPPORT=false"):
+        with cluster_ray.RayCluster.connect("ray://127.0.0.1:10001", 1):
+            pass
+    with pytest.raises(cluster.ClusterError) as e:  # joined by GCS address, the hint does not apply
+        with cluster_ray.RayCluster.connect("127.0.0.1:6379", 1):
+            pass
+    assert "GRPC_ENABLE_FORK_SUPPORT" not in str(e.value)
