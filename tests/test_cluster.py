@@ -160,7 +160,7 @@ def test_two_node_cluster(tmp_path):
     assert run["fuzz_local_rc"] == run["fuzz_client_rc"] == 1  # the injected bug is a new finding
     verdicts = [[(r["index"], r["case"], r["status"], r["signature"], r["checks"])
                  for r in sorted(f["rows"], key=lambda r: r["index"])] for f in (fuzz_local, fuzz_ray)]
-    assert verdicts[0] == verdicts[1] and len(verdicts[0]) == 4
+    assert verdicts[0] == verdicts[1] and len(verdicts[0]) == 6
     found = [{sig: (f["count"], f["first_case"], f["shrunk"]) for sig, f in x["summary"]["failures"].items()}
              for x in (fuzz_local, fuzz_ray)]
     assert found[0] == found[1] and list(found[0]) == [FUZZ_FINDING]
