@@ -263,8 +263,6 @@ def test_shards_deal_the_next_cases_round_robin() -> None:
     assert [list(indices(s)) for s in plan_shards(set(), 5, 2)] == [[0, 2, 4], [1, 3]]
     assert [list(indices(s)) for s in plan_shards({0, 1, 3}, 3, 2)] == [[2, 5], [4]]  # gap 2, then 4 and 5
     assert [list(indices(s)) for s in plan_shards(set(), 1, 3)] == [[0]]  # no empty shard
-    open_ended = [indices(s) for s in plan_shards({0}, None, 2)]  # a time budget: until it ends
-    assert [[next(it) for _ in range(3)] for it in open_ended] == [[1, 3, 5], [2, 4, 6]]
 
 
 class _FaultyCluster:
@@ -305,7 +303,8 @@ def test_campaign_on_a_cluster_reports_a_lost_node_and_keeps_what_ended_when_int
     cfg = Config(seconds=600, cases=3, seed=5, ops=ops, out=tmp_path, jobs=3, cluster="faulty", progress=False)
     s = Campaign(cfg).run(_FaultyCluster(), 3)
     assert s["interrupted"] == "SIGINT"
-    assert [(x["cell"], x["status"], x["node"]) for x in s["lost"]] == [("shard 0", "node_lost", "127.0.0.9")]
+    lost = [(x["cell"], x["status"], x["node"]) for x in s["lost"]]
+    assert lost == [("round 1 shard 0", "node_lost", "127.0.0.9")]
     assert "0..2 step 3" in s["lost"][0]["what"] and "127.0.0.9" in s["lost"][0]["reason"]
     ran = sorted(r["index"] for r in _results(tmp_path))
     assert ran in [list(indices(spec)) for spec in plan_shards(set(), 3, 3)[1:]] and s["cases_run"] == len(ran)

@@ -1,21 +1,25 @@
 """A fuzz campaign whose workers run on a cluster (``harness fuzz --cluster ray --jobs N``).
 
-The campaign's next cases are dealt round-robin to N shards (shard k runs the k-th, (k+N)-th, ... of
-them); each shard is a cell (``harness.fuzz.shard`` in its own OS process with a timeout, on the
-cluster: ``max_retries=0``, outcomes in completion order by ``ray.wait``, the resources of a cell on the
-campaign's backend) whose worker runs its cases as a local campaign's does, confirming and shrinking the
+The campaign runs in rounds of ``ROUND_CASES`` cases per shard: a round's cases (the next ones) are
+dealt round-robin to N shards (shard k runs the k-th, (k+N)-th, ... of them); each shard is a cell
+(``harness.fuzz.shard`` in its own OS process with a timeout, on the cluster: ``max_retries=0``,
+outcomes in completion order by ``ray.wait``, the resources of a cell on the campaign's backend) whose
+worker runs its cases as a local campaign's does, confirming and shrinking the
 first case of each new signature it sees. The driver here judges every case as a local campaign does
 and writes the same ``results.jsonl`` lines (a shard's lines as it ends); each signature's finding is
 the one of its lowest index, whichever shard ran it, so ``findings/`` and ``summary.json`` are a local
-campaign's too. Case i depends only on the campaign's identity, never on the shard that runs it, so a
+campaign's too (a round's cases all come before the next round's, whose shards are told the signatures
+already found). Case i depends only on the campaign's identity, never on the shard that runs it, so a
 case budget gives the same cases and findings as a local campaign.
 
 A shard that does not end with a result (a lost worker or node, its timeout) is listed in the
-summary's ``lost`` with its node and cases (``--resume`` runs them); SIGINT or SIGTERM cancels what
-still runs and writes what ended (``interrupted``).
+summary's ``lost`` with its node and cases (never given again: ``--resume`` runs them; a round none
+of whose shards ended stops the campaign); SIGINT or SIGTERM cancels what still runs and writes what
+ended (``interrupted``).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tempfile
@@ -28,6 +32,7 @@ from harness.cells import CellRunner, Job, Outcome
 from harness.fuzz.campaign import Campaign, select_rows
 from harness.fuzz.cases import Case
 from harness.fuzz.findings import Findings
+from harness.fuzz.shard import indices
 from harness.fuzz.worker import MAX_EXTENSION, READY_TIMEOUT_S, WorkerSetupError
 from harness.interrupt import Interrupted
 
@@ -35,22 +40,21 @@ if TYPE_CHECKING:
     from harness.cluster import Cluster
 
 SHARD = "harness.fuzz.shard"
+ROUND_CASES = 200  # cases per shard and round: a progress line per shard and round, and what Ctrl-C can lose
 
 
-def plan_shards(done: set[int], cases: int | None, workers: int) -> list[dict[str, Any]]:
+def plan_shards(done: set[int], cases: int, workers: int) -> list[dict[str, Any]]:
     """The index specs of at most ``workers`` shards (``harness.fuzz.shard.indices``): the campaign's next
-    ``cases`` cases (no budget: every case until the time budget), the indices missing below its last
-    one first (a lost or interrupted shard), dealt round-robin."""
+    ``cases`` cases, the indices missing below its last one first (an earlier session's lost or
+    interrupted shard), dealt round-robin."""
     nxt = max(done) + 1 if done else 0
-    gaps = [i for i in range(nxt) if i not in done]
-    if cases is not None:
-        gaps = gaps[:cases]
-    stop = None if cases is None else nxt + max(0, cases - len(gaps))
+    gaps = [i for i in range(nxt) if i not in done][:cases]
+    stop = nxt + max(0, cases - len(gaps))
     specs = []
     for k in range(workers):
         start = nxt + (k - len(gaps)) % workers
         spec = {"indices": gaps[k::workers], "start": start, "step": workers, "stop": stop}
-        if spec["indices"] or stop is None or start < stop:
+        if spec["indices"] or start < stop:
             specs.append(spec)
     return specs
 
@@ -64,8 +68,7 @@ def run_on(c: Campaign, where: Cluster, workers: int) -> dict:
     done = c.earlier_cases() if cfg.resume else set()
     (c.out / "campaign.json").write_text(json.dumps(cfg.identity(), indent=1) + "\n")
     common = {"identity": cfg.identity(), "case_timeout": cfg.case_timeout, "shrink_seconds": cfg.shrink_seconds,
-              "seconds": cfg.seconds, "baseline": str(cfg.baseline), "base": os.getcwd(),
-              "seen": sorted({*c.stats.failures, *c.stats.flaky})}
+              "baseline": str(cfg.baseline), "base": os.getcwd()}
     failing: dict[str, list[tuple[Case, dict, dict | None]]] = {}  # new signatures: the cases that showed them
     lost: list[dict[str, Any]] = []
     tally = {"cases": 0, "starts": 0}
@@ -100,14 +103,29 @@ def run_on(c: Campaign, where: Cluster, workers: int) -> dict:
             return f"{len(got['cases'])} cases, {failed} failing"
 
         t_fuzz = time.monotonic()
-        specs = plan_shards(done, cfg.cases, workers)
-        jobs = [Job(f"shard {k}", SHARD, (json.dumps({**common, "indices": spec}), str(Path(tmp, f"shard-{k}.json"))),
-                    Path(tmp, f"shard-{k}.json"), device=cfg.backend) for k, spec in enumerate(specs)]
-        # Past its --seconds a shard ends its last case and may confirm and shrink its finding (3 runs, 3 starts).
-        timeout = cfg.seconds + cfg.shrink_seconds + 4 * ((1 + MAX_EXTENSION) * cfg.case_timeout + READY_TIMEOUT_S)
+        deadline = t_fuzz + cfg.seconds
+        planned = set(done)  # the indices run or given to a shard (a lost shard's are not given again)
         try:
-            with CellRunner(len(jobs), "fuzz", timeout=timeout, cluster=where) as runner:
-                runner.run(jobs, shard_done, status=lambda v: v)
+            for r in itertools.count(1):
+                size = ROUND_CASES * workers
+                if cfg.cases is not None:
+                    size = min(size, cfg.cases - (len(planned) - len(done)))
+                seconds = deadline - time.monotonic()
+                if seconds <= 0 or size <= 0:
+                    break
+                specs = plan_shards(planned, size, workers)
+                spec_of = {**common, "seconds": seconds, "seen": sorted({*c.stats.failures, *c.stats.flaky, *failing})}
+                paths = [Path(tmp, f"{r}-{k}.json") for k in range(len(specs))]
+                jobs = [Job(f"round {r} shard {k}", SHARD, (json.dumps({**spec_of, "indices": spec}), str(path)), path,
+                            device=cfg.backend) for k, (spec, path) in enumerate(zip(specs, paths))]
+                planned.update(i for spec in specs for i in indices(spec))
+                # Past its seconds a shard ends its last case and may confirm and shrink a finding (3 runs, 3 starts).
+                timeout = seconds + cfg.shrink_seconds + 4 * ((1 + MAX_EXTENSION) * cfg.case_timeout + READY_TIMEOUT_S)
+                lost_before = len(lost)
+                with CellRunner(len(jobs), f"fuzz round {r}", timeout=timeout, cluster=where) as runner:
+                    runner.run(jobs, shard_done, status=lambda v: v)
+                if len(lost) - lost_before == len(jobs):  # no shard of the round ended: the cluster is not usable
+                    break
         except Interrupted as e:  # the cells are cancelled (CellRunner.run); what ended is written
             stopped = e
         _book(c, failing, Findings(c.out))
@@ -139,5 +157,4 @@ def _book(c: Campaign, failing: dict[str, list[tuple[Case, dict, dict | None]]],
 
 def _describe(spec: dict[str, Any]) -> str:
     head = f"{spec['indices']} then " if spec["indices"] else ""
-    end = "on" if spec["stop"] is None else spec["stop"] - 1
-    return f"{head}{spec['start']}..{end} step {spec['step']}"
+    return f"{head}{spec['start']}..{spec['stop'] - 1} step {spec['step']}"

@@ -6,7 +6,7 @@ writes everything.
 
 ``SPEC`` (JSON) holds the campaign's identity (what decides case i), its timeouts and budgets, the
 signatures it has already confirmed (``seen``) and the indices: explicit ones, then ``range(start, stop,
-step)`` (no ``stop``: until the time budget ends). The worker's output goes to the cell's log, which the
+step)``; it stops early when its ``seconds`` are up. The worker's output goes to the cell's log, which the
 driver appends to ``<out>/worker.log``.
 """
 from __future__ import annotations
@@ -28,8 +28,7 @@ from harness.fuzz.worker import Worker, WorkerSetupError
 
 def indices(spec: dict[str, Any]) -> Iterator[int]:
     """The shard's case indices, in the order it runs them."""
-    stop, start, step = spec["stop"], spec["start"], spec["step"]
-    return itertools.chain(spec["indices"], itertools.count(start, step) if stop is None else range(start, stop, step))
+    return itertools.chain(spec["indices"], range(spec["start"], spec["stop"], spec["step"]))
 
 
 def config(spec: dict[str, Any]) -> Config:
