@@ -301,7 +301,7 @@ def test_campaign_on_a_cluster_reports_a_lost_node_and_keeps_what_ended_when_int
 
     ops = "aten.add.Tensor,aten.sigmoid.default"
     cfg = Config(seconds=600, cases=3, seed=5, ops=ops, out=tmp_path, jobs=3, cluster="faulty", progress=False)
-    s = Campaign(cfg).run(_FaultyCluster(), 3)
+    s = Campaign(cfg).run(_FaultyCluster())
     assert s["interrupted"] == "SIGINT"
     lost = [(x["cell"], x["status"], x["node"]) for x in s["lost"]]
     assert lost == [("round 1 shard 0", "node_lost", "127.0.0.9")]

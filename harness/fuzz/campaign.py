@@ -4,7 +4,9 @@ Output (``--out``, new or empty; default a fresh ``fuzz/<timestamp>/``): ``campa
 decides the cases: seed, ops, backend, plugin, ...), ``results.jsonl`` (one line per case, written as
 the campaign runs), ``findings/`` (one repro per distinct signature) and ``summary.json`` (written
 last, from the same counters). ``worker.log`` collects the workers' stdout/stderr. An earlier
-campaign's directory is never overwritten: ``--resume DIR`` continues it with its next cases.
+campaign's directory is never overwritten: ``--resume DIR`` continues it with its next cases. With
+``--cluster`` (Ray) the workers run on the cluster, ``--jobs`` at once (``harness.fuzz.on_cluster``),
+writing the same files.
 """
 from __future__ import annotations
 
@@ -168,13 +170,13 @@ class Campaign:
         self.meta = {"seed": cfg.seed, "backend": cfg.backend, "plugin": cfg.plugin, "command": cfg.command(),
                      "case_timeout": cfg.case_timeout, "torch": torch.__version__}
 
-    def run(self, where: cluster.Cluster | None = None, workers: int = 1) -> dict:
-        """The campaign here (one worker, the cases in order), or on ``where`` (``workers`` shards at once:
+    def run(self, where: cluster.Cluster | None = None) -> dict:
+        """The campaign here (one worker, the cases in order), or on ``where`` (``cfg.jobs`` shards at once:
         ``harness.fuzz.on_cluster``); the same cases and findings either way."""
         if where is not None:
             from harness.fuzz.on_cluster import run_on
 
-            return run_on(self, where, workers)
+            return run_on(self, where)
         cfg, t_start = self.cfg, time.monotonic()
         worker = Worker(cfg.backend, cfg.plugin, self.out / "worker.log", cfg.case_timeout)
         worker.prepare()
@@ -380,7 +382,7 @@ def main(args: argparse.Namespace) -> int:
             s = Campaign(cfg).run()
         else:
             with signals_raise(), cluster.connect(args.cluster, args.jobs) as where:
-                s = Campaign(cfg).run(where, args.jobs)
+                s = Campaign(cfg).run(where)
     except (ValueError, WorkerSetupError) as e:  # a bad --ops, --backend, --plugin, --baseline or cluster: no traceback
         print(f"harness fuzz: {e}", file=sys.stderr)
         return USAGE_ERROR

@@ -59,9 +59,9 @@ def plan_shards(done: set[int], cases: int, workers: int) -> list[dict[str, Any]
     return specs
 
 
-def run_on(c: Campaign, where: Cluster, workers: int) -> dict:
-    """Run campaign ``c`` as ``workers`` shards on ``where``; returns (and writes) its summary."""
-    cfg, t_start = c.cfg, time.monotonic()
+def run_on(c: Campaign, where: Cluster) -> dict:
+    """Run campaign ``c`` as ``c.cfg.jobs`` shards at once on ``where``; returns (and writes) its summary."""
+    cfg, t_start, workers = c.cfg, time.monotonic(), c.cfg.jobs
     known = expected.load()
     rows = select_rows(cfg)  # a bad --ops stops here, before any cell starts
     c.out.mkdir(parents=True, exist_ok=True)
