@@ -70,6 +70,12 @@ def _die_with_parent(parent: int) -> Callable[[], None] | None:
     return preexec
 
 
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this (forked) process when its parent dies (Linux; elsewhere nothing)."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a cell: offline Hugging Face, quiet transformers, this checkout importable
     (``extra``: the driver's settings, for a cell started on another node)."""
@@ -160,8 +166,7 @@ def _run_forked(module: str, args: tuple[str, ...], log_path: str) -> None:
     """A forked cell (in the fork server's child): own session, output to the log, ``python -m`` semantics
     (modules are found on the fork server's ``sys.path``, the parent's when it started)."""
     os.setsid()
-    if _PRCTL is not None:
-        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)  # the fork server ends with the run: so does the cell
+    die_with_parent()  # the fork server ends with the run: so does the cell
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
     os.dup2(fd, 1)
     os.dup2(fd, 2)

@@ -73,10 +73,19 @@ class ClusterError(UsageError):
 
 
 def check(choice: ClusterChoice) -> None:
-    """Refuse a Ray cluster when Ray is not installed, before anything runs or is written."""
+    """Refuse a Ray cluster when Ray is not installed (or, for ``ray://``, Ray Client's grpcio), before
+    anything runs or is written."""
     if choice.kind == "ray" and importlib.util.find_spec("ray") is None:
         raise ClusterError(f"--cluster {choice.label}: Ray is not installed; install the extra with "
                            "pip install -e '.[ray]'")
+    if choice.kind == "ray" and is_client(choice.address) and importlib.util.find_spec("grpc") is None:
+        raise ClusterError(f"--cluster {choice.label}: Ray Client (ray://) needs grpcio, which plain Ray does not "
+                           "install; install the extra with pip install -e '.[ray]' (it has ray[client])")
+
+
+def is_client(address: str | None) -> bool:
+    """Whether ``address`` joins through Ray Client (``ray://HOST:PORT``)."""
+    return bool(address and address.startswith("ray://"))
 
 
 @contextlib.contextmanager

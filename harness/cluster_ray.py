@@ -26,7 +26,7 @@ from ray.exceptions import RayError, RayTaskError
 from ray.util.client import ray as client_ray
 
 from harness.cells import Job, Outcome, end, start, stop
-from harness.cluster import ClusterError
+from harness.cluster import ClusterError, is_client
 from harness.interrupt import Interrupted
 
 T = TypeVar("T")
@@ -37,6 +37,10 @@ FORWARDED = ("MNCORE_", "HF_", "TRANSFORMERS_", "TORCH_", "OMP_NUM_THREADS")  # 
 LOG_BYTES = 4 << 20  # at most this much of a cell's log comes back (its tail)
 WAIT_S = 0.5  # ray.wait's timeout: how often a stop (Ctrl-C) is seen at the latest
 GRACE_S = 120.0  # a node silent this long past a cell's timeout counts as lost
+CLIENT_SERVER_HINT = (
+    "\n(the head's Ray Client server could not start this client's server process: if the head's "
+    "logs/ray_client_server.err shows a gRPC 'Check failed' after fork, start the head with "
+    "GRPC_ENABLE_FORK_SUPPORT=false in its environment: docs/cluster.md)")
 
 
 def resources(device: str | None) -> dict[str, Any]:
@@ -127,7 +131,8 @@ class RayCluster:
                 ray.init(address=address, **quiet)
         except (ConnectionError, RuntimeError, ValueError) as e:
             where = f"join the Ray cluster at {address}" if address else "start an embedded Ray cluster"
-            raise ClusterError(f"--cluster: could not {where}: {e}") from None
+            hint = CLIENT_SERVER_HINT if is_client(address) and "client server failed" in str(e) else ""
+            raise ClusterError(f"--cluster: could not {where}: {e}{hint}") from None
         try:
             yield cls()
         finally:

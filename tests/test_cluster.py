@@ -2,7 +2,8 @@
 on this machine (``tests/cluster_driver.py``, started and stopped inside a loopback-only network
 namespace of its own) running tiny model cells: the rows equal ``--cluster local``'s, the shared compile
 cache means neither node compiles, a killed worker gives ``node_lost`` while the other cells finish,
-and Ctrl-C cancels what still runs and keeps the finished rows."""
+Ctrl-C cancels what still runs and keeps the finished rows, and Ray Client (``ray://``) runs the cells
+and a fuzz campaign with the results of ``--cluster local``."""
 from __future__ import annotations
 
 import argparse
@@ -22,6 +23,8 @@ from harness.compare import compare
 from reports import cluster_plan
 from reports.schema import ModelRow
 from tests.cluster_driver import LAST, MODELS, VICTIM
+
+FUZZ_FINDING = "aten.sum.dim_IntList:mismatch:lazy_vs_eager"
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,6 +148,27 @@ def test_two_node_cluster(tmp_path):
     assert (LAST, "tiny") not in on_ray and len(on_ray) == 3
     assert run["running_after"] == 0
 
+    # Through Ray Client (ray://HEAD:PORT, the head's client server), the same cells end as locally.
+    assert run["client_rc"] == run["local_rc"]  # the same exit status (1: the subset is new to the expectations)
+    client = {(r["model"], r["config"]): r for r in run["client"]}
+    assert {key: client[key]["status"] for key in keys} == {key: local[key].status for key in keys}
+    assert {client[key]["node"] for key in keys} <= set(run["nodes"])
+
+    # A fuzz campaign (seed and case budget fixed) on Ray Client, two shards: the same cases, verdicts,
+    # signatures and findings as the local campaign, its shards on the cluster's nodes, none lost.
+    fuzz_local, fuzz_ray = run["fuzz_local"], run["fuzz_client"]
+    assert run["fuzz_local_rc"] == run["fuzz_client_rc"] == 1  # the injected bug is a new finding
+    verdicts = [[(r["index"], r["case"], r["status"], r["signature"], r["checks"])
+                 for r in sorted(f["rows"], key=lambda r: r["index"])] for f in (fuzz_local, fuzz_ray)]
+    assert verdicts[0] == verdicts[1] and len(verdicts[0]) == 6
+    found = [{sig: (f["count"], f["first_case"], f["shrunk"]) for sig, f in x["summary"]["failures"].items()}
+             for x in (fuzz_local, fuzz_ray)]
+    assert found[0] == found[1] and list(found[0]) == [FUZZ_FINDING]
+    assert fuzz_ray["findings"] == fuzz_local["findings"] != []
+    s = fuzz_ray["summary"]
+    assert s["lost"] == [] and s["interrupted"] is None and s["workers"] == 2 and s["cluster"].startswith("ray ray://")
+    assert set(s["nodes"]) <= set(run["nodes"]) and s["nodes"]
+
 
 def test_plan_hands_cells_in_order_to_the_first_free_slot():
     # 2 slots: 3 and 3 start at 0; the 2s start at 3, 3 (ending 5, 5) and 5 (ending 7).
@@ -166,3 +190,22 @@ def test_plan_from_a_results_file(tmp_path):
     with pytest.raises(ValueError, match="wall_s"):
         (tmp_path / "results.jsonl").write_text(json.dumps({"model": "m", "config": "tiny", "backend": "b"}) + "\n")
         cluster_plan.cells(tmp_path)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray not installed (pip install -e '.[ray]')")
+def test_ray_client_server_failure_names_the_fix(monkeypatch):
+    """A head whose client server cannot start the client's server process: the error names the fix."""
+    from harness import cluster_ray
+
+    def refused(**kwargs):
+        raise ConnectionAbortedError("Initialization failure from server: RuntimeError: Starting Ray client server "
+                                     "failed. See ray_client_server_23000.err for detailed logs.")
+
+    monkeypatch.setattr(cluster_ray.ray, "init", refused)
+    with pytest.raises(cluster.ClusterError, match="GRPC_ENABLE_FORK_SUPPORT=false"):
+        with cluster_ray.RayCluster.connect("ray://127.0.0.1:10001", 1):
+            pass
+    with pytest.raises(cluster.ClusterError) as e:  # joined by GCS address, the hint does not apply
+        with cluster_ray.RayCluster.connect("127.0.0.1:6379", 1):
+            pass
+    assert "GRPC_ENABLE_FORK_SUPPORT" not in str(e.value)

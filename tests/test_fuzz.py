@@ -253,3 +253,95 @@ def test_committed_baseline_covers_todays_by_design_findings(tmp_path: Path) -> 
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "fuzz", "--out", str(tmp_path / "o"), "--cases", "1",
                            "--baseline", str(bad)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 2 and "--baseline" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_shards_deal_the_next_cases_round_robin() -> None:
+    """``--jobs N`` shards: every next case exactly once (the gaps a lost shard left first), N at most."""
+    from harness.fuzz.on_cluster import plan_shards
+    from harness.fuzz.shard import indices
+
+    assert [list(indices(s)) for s in plan_shards(set(), 5, 2)] == [[0, 2, 4], [1, 3]]
+    assert [list(indices(s)) for s in plan_shards({0, 1, 3}, 3, 2)] == [[2, 5], [4]]  # gap 2, then 4 and 5
+    assert [list(indices(s)) for s in plan_shards(set(), 1, 3)] == [[0]]  # no empty shard
+
+
+class _FaultyCluster:
+    """A local cluster whose first cell's node is lost before it runs and which is interrupted (SIGINT)
+    once another cell has ended: what a Ray run reports for a dead node and for Ctrl-C."""
+
+    def __init__(self) -> None:
+        from harness.cluster import LocalCluster
+
+        self.inner = LocalCluster(2)
+
+    def outcomes(self, jobs, timeout):
+        import signal
+
+        from harness.cells import Outcome
+        from harness.interrupt import Interrupted
+
+        yield 0, Outcome(jobs[0], "node_lost", None, 1.0, "the Ray worker or node 127.0.0.9 died during the cell "
+                         "(WorkerCrashedError)", "127.0.0.9")
+        inner = self.inner.outcomes(jobs[1:], timeout)
+        try:
+            for i, outcome in inner:
+                yield i + 1, outcome
+                raise Interrupted(signal.SIGINT)
+        finally:
+            inner.close()  # what Ctrl-C does to a cluster's iterator: its other cells are ended
+
+
+def test_campaign_on_a_cluster_reports_a_lost_node_and_keeps_what_ended_when_interrupted(tmp_path: Path) -> None:
+    """Three shards: the first one's node is lost, one ends, then SIGINT. The summary names the lost
+    node and its cases and the signal; the results hold the ended shard's cases; no shard process is
+    left; ``--resume`` then runs exactly the missing cases (the same cases as a campaign never stopped)."""
+    from harness.fuzz.campaign import Campaign
+    from harness.fuzz.on_cluster import plan_shards
+    from harness.fuzz.shard import indices
+
+    ops = "aten.add.Tensor,aten.sigmoid.default"
+    cfg = Config(seconds=600, cases=3, seed=5, ops=ops, out=tmp_path, jobs=3, cluster="faulty", progress=False)
+    s = Campaign(cfg).run(_FaultyCluster())
+    assert s["interrupted"] == "SIGINT"
+    lost = [(x["cell"], x["status"], x["node"]) for x in s["lost"]]
+    assert lost == [("round 1 shard 0", "node_lost", "127.0.0.9")]
+    assert "0..2 step 3" in s["lost"][0]["what"] and "127.0.0.9" in s["lost"][0]["reason"]
+    ran = sorted(r["index"] for r in _results(tmp_path))
+    assert ran in [list(indices(spec)) for spec in plan_shards(set(), 3, 3)[1:]] and s["cases_run"] == len(ran)
+    assert _shards_running() == []  # the interrupted shard's process was ended
+
+    again = Config(seconds=600, cases=3 - len(ran), seed=5, ops=ops, out=tmp_path, resume=True, progress=False)
+    s = Campaign(again).run()
+    rows = sorted(_results(tmp_path), key=lambda r: r["index"])
+    assert [r["case"] for r in rows] == [c.to_json() for c in plan(Config(seed=5, ops=ops), 3)]
+    assert s["cases_run"] == 3 and s["failures"] == {}
+
+
+def _shards_running() -> list[int]:
+    """The live shard processes this process started (a local cluster's cells are its children)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+            state, ppid = (proc / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if b"harness.fuzz.shard" in cmd and int(ppid) == os.getpid() and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+def test_fuzz_cluster_options_are_checked_before_anything_runs(tmp_path: Path, monkeypatch, capsys) -> None:
+    """``--jobs`` without a cluster, and ``ray://`` without Ray Client's grpcio, stop with the fix named."""
+    import importlib.util
+
+    from harness import cli, cluster
+
+    out = tmp_path / "o"
+    assert cli.main(["fuzz", "--cases", "1", "--jobs", "2", "--out", str(out)]) == 2
+    assert "--cluster ray --jobs 2" in capsys.readouterr().err
+    real = importlib.util.find_spec
+    monkeypatch.setattr(cluster.importlib.util, "find_spec", lambda name, *a: None if name == "grpc" else real(name, *a))
+    assert cli.main(["fuzz", "--cases", "1", "--cluster", "ray://127.0.0.1:10001", "--out", str(out)]) == 2
+    assert "pip install -e '.[ray]'" in capsys.readouterr().err
+    assert not out.exists()

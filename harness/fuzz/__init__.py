@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.argtypes import directory
+from harness import cluster
+from harness.argtypes import directory, positive_int
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "fuzz"  # each campaign: DEFAULT_ROOT/<timestamp>/
 BASELINE = DEFAULT_ROOT.parent / "ci" / "fuzz_baseline.json"  # known findings (harness.fuzz.baseline)
@@ -39,6 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-numel", type=int, default=1 << 16,
                    help="prefer registry rows with at most this many input elements and keep mutations under it")
     p.add_argument("--registry", type=Path, default=None, help="shape registry file (default: the checked-in one)")
+    cluster.add_argument(p)
+    p.add_argument("--jobs", type=positive_int, default=1,
+                   help="with --cluster ray...: workers at once, each running every N-th case (a local campaign runs "
+                        "one worker); the same seed and --cases give the same cases and findings (docs/fuzzing.md)")
     p.add_argument("--baseline", type=Path, default=BASELINE,
                    help="known findings judged not to be bugs, each with its reason: they are listed and do not "
                         "fail the run (exit 0); any other finding exits 1 (default: ci/fuzz_baseline.json)")

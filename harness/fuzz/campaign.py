@@ -4,13 +4,17 @@ Output (``--out``, new or empty; default a fresh ``fuzz/<timestamp>/``): ``campa
 decides the cases: seed, ops, backend, plugin, ...), ``results.jsonl`` (one line per case, written as
 the campaign runs), ``findings/`` (one repro per distinct signature) and ``summary.json`` (written
 last, from the same counters). ``worker.log`` collects the workers' stdout/stderr. An earlier
-campaign's directory is never overwritten: ``--resume DIR`` continues it with its next cases.
+campaign's directory is never overwritten: ``--resume DIR`` continues it with its next cases. With
+``--cluster`` (Ray) the workers run on the cluster, ``--jobs`` at once (``harness.fuzz.on_cluster``),
+writing the same files.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
+import signal
 import sys
 import textwrap
 import time
@@ -18,11 +22,11 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
-from harness import expected
+from harness import cluster, expected
 from harness.argtypes import USAGE_ERROR, UsageError
 from harness.fuzz import BASELINE, DEFAULT_ROOT
 from harness.fuzz.baseline import load as load_baseline
@@ -32,6 +36,7 @@ from harness.fuzz.findings import Findings, signature
 from harness.fuzz.mutate import generate, seed_rows
 from harness.fuzz.shrink import shrink
 from harness.fuzz.worker import Worker, WorkerSetupError
+from harness.interrupt import Interrupted, signals_raise
 from harness.registry_cmd import DEFAULT_PATH
 from shape_registry import Registry
 
@@ -55,6 +60,8 @@ class Config:
     baseline: Path = BASELINE  # known findings that do not fail the run (not part of the identity)
     progress: bool = True
     resume: bool = False  # continue the campaign in ``out`` (its campaign.json decides the cases)
+    cluster: str = "local"  # where the workers run (``--cluster``'s label; not part of the identity)
+    jobs: int = 1  # workers at once (on a cluster)
 
     IDENTITY = ("seed", "ops", "backend", "plugin", "max_numel", "registry")  # what decides case i and its verdict
 
@@ -85,6 +92,7 @@ class Stats:
     def add_known(self, sig: str, index: int, reason: str) -> None:
         entry = self.known.setdefault(sig, {"count": 0, "first_case": index, "reason": reason})
         entry["count"] += 1
+        entry["first_case"] = min(entry["first_case"], index)  # a cluster's shards end in any order
     case_s: float = 0.0
     shrink_s: float = 0.0
 
@@ -120,6 +128,37 @@ def _known_failure(case: Case, backend: str, known: list) -> bool:
     return any(x.matches(case.op, dtypes, backend) for x in known)
 
 
+def judge(case: Case, res: dict, backend: str, known: list, baseline: list) -> str | None:
+    """``res``'s signature when it is a failure (None otherwise); one listed in ``known``
+    (ci/expected_op_failures.json) becomes ``xfail`` (no signature), one in ``baseline`` ``known``."""
+    sig = signature(case.op, res)
+    if sig and _known_failure(case, backend, known):
+        res["status"], sig = "xfail", None
+    elif sig and (entry := baseline_entry(baseline, sig, str(res.get("message", "")))):
+        res["status"], res["baseline"] = "known", entry.reason  # judged not a bug
+    return sig
+
+
+def confirm(case: Case, sig: str, worker: Worker, shrink_seconds: float) -> dict:
+    """Re-run ``case`` in a fresh worker and, when it fails again as ``sig``, shrink it and confirm the
+    shrunk case in a fresh worker: ``{"small", "final", "info"}``; else ``{"rerun": status}`` (flaky).
+    The worker is fresh again after (the next cases see nothing of this one)."""
+    worker.restart()
+    again = worker.run(case.to_json())
+    if signature(case.op, again) != sig:
+        worker.restart()
+        return {"rerun": again.get("status")}
+    small, info = shrink(case, sig, lambda c: worker.run(c.to_json()), shrink_seconds)
+    final = again
+    if small is not case:
+        worker.restart()
+        final = worker.run(small.to_json())
+        if signature(small.op, final) != sig:  # only reproduced after earlier attempts: keep the original
+            small, final, info["fallback"] = case, again, "shrunk case did not reproduce in a fresh worker"
+    worker.restart()
+    return {"small": small, "final": final, "info": info}
+
+
 class Campaign:
     """One ``harness fuzz`` run: the loop, the counters and the output files."""
 
@@ -131,15 +170,20 @@ class Campaign:
         self.meta = {"seed": cfg.seed, "backend": cfg.backend, "plugin": cfg.plugin, "command": cfg.command(),
                      "case_timeout": cfg.case_timeout, "torch": torch.__version__}
 
-    def run(self) -> dict:
+    def run(self, where: cluster.Cluster | None = None) -> dict:
+        """The campaign here (one worker, the cases in order), or on ``where`` (``cfg.jobs`` shards at once:
+        ``harness.fuzz.on_cluster``); the same cases and findings either way."""
+        if where is not None:
+            from harness.fuzz.on_cluster import run_on
+
+            return run_on(self, where)
         cfg, t_start = self.cfg, time.monotonic()
         worker = Worker(cfg.backend, cfg.plugin, self.out / "worker.log", cfg.case_timeout)
         worker.prepare()
-        registry_path = cfg.registry or DEFAULT_PATH
         known = expected.load()
         rows = select_rows(cfg)
         self.out.mkdir(parents=True, exist_ok=True)
-        first = self._resume() if cfg.resume else 0
+        done = self.earlier_cases() if cfg.resume else set()
         (self.out / "campaign.json").write_text(json.dumps(cfg.identity(), indent=1) + "\n")
         findings = Findings(self.out)
         worker.start()
@@ -147,36 +191,42 @@ class Campaign:
         t_fuzz = time.monotonic()
         deadline = t_fuzz + cfg.seconds
         bar = _Bar(cfg.cases, cfg.progress)
-        n = first
+        todo = (i for i in itertools.count() if i not in done)
+        new = 0
         try:
             with (self.out / "results.jsonl").open("a") as results:
-                while (cfg.cases is None or n - first < cfg.cases) and time.monotonic() < deadline:
+                while (cfg.cases is None or new < cfg.cases) and time.monotonic() < deadline:
+                    n = next(todo)
                     case = generate(rows, cfg.seed, n, cfg.max_numel)
                     res = worker.run(case.to_json())
-                    sig = signature(case.op, res)
-                    if sig and _known_failure(case, cfg.backend, known):
-                        res["status"], sig = "xfail", None  # listed in ci/expected_op_failures.json
-                    elif sig and (entry := baseline_entry(self.baseline, sig, str(res.get("message", "")))):
-                        res["status"], res["baseline"] = "known", entry.reason  # judged not a bug
-                        self.stats.add_known(sig, n, entry.reason)
-                    self.stats.add(case, res)
-                    results.write(json.dumps({"index": n, "op": case.op, "describe": case.describe(), "signature": sig,
-                                              **res, "case": case.to_json()}, default=str) + "\n")
-                    results.flush()
-                    n += 1
+                    sig = self.record(results, case, res, known)
+                    new += 1
                     if sig and res["status"] != "known":
                         self._failure(sig, case, res, worker, findings)
-                    bar.update(n - first, time.monotonic() - t_fuzz, len(self.stats.failures))
+                    bar.update(new, time.monotonic() - t_fuzz, len(self.stats.failures))
         finally:
             bar.close()
             worker.close()
         elapsed = time.monotonic() - t_start
-        summary = self._summary(n, n - first, elapsed, time.monotonic() - t_fuzz, startup_s, rows, registry_path, worker)
+        summary = self.summary(len(done) + new, new, elapsed, time.monotonic() - t_fuzz, startup_s, rows, worker.starts)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         return summary
 
-    def _resume(self) -> int:
-        """Counters, failures and flaky signatures of the campaign so far; returns its next case index."""
+    def record(self, results: IO[str], case: Case, res: dict, known: list) -> str | None:
+        """Judge case ``case.index``'s outcome (an expected failure, a baseline finding), count it and write
+        its line; returns its signature when it is a failure (None otherwise)."""
+        sig = judge(case, res, self.cfg.backend, known, self.baseline)
+        if res["status"] == "known":
+            self.stats.add_known(sig, case.index, res["baseline"])
+        self.stats.add(case, res)
+        results.write(json.dumps({"index": case.index, "op": case.op, "describe": case.describe(), "signature": sig,
+                                  **res, "case": case.to_json()}, default=str) + "\n")
+        results.flush()
+        return sig
+
+    def earlier_cases(self) -> set[int]:
+        """Counters, failures and flaky signatures of the campaign so far; returns the indices it ran (a
+        prefix, unless a cluster's shard was lost or interrupted: the next cases fill the gaps first)."""
         path = self.out / "results.jsonl"
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
         for line in lines:
@@ -194,7 +244,7 @@ class Campaign:
                 self.stats.failures[sig] = {"count": count, "first_case": line["index"], "kind": line.get("kind"),
                                             "oracle": line.get("oracle"), "message": str(line.get("message", ""))[:1000],
                                             "repro": str(self.out / "findings")}
-        return len(lines)
+        return {line["index"] for line in lines}
 
     def _failure(self, sig: str, case: Case, res: dict, worker: Worker, findings: Findings) -> None:
         """First sighting of ``sig``: confirm it in a fresh worker, shrink it, write the repro."""
@@ -203,40 +253,36 @@ class Campaign:
             known["count"] += 1
             return
         t0 = time.monotonic()
-        worker.restart()
-        again = worker.run(case.to_json())
-        if signature(case.op, again) != sig:
-            self.stats.flaky[sig] = {"count": 1, "first_case": case.index, "message": res.get("message", ""),
-                                     "rerun": again.get("status")}
-            worker.restart()
-            self.stats.shrink_s += time.monotonic() - t0
+        self.book(sig, case, res, confirm(case, sig, worker, self.cfg.shrink_seconds), findings)
+        self.stats.shrink_s += time.monotonic() - t0
+
+    def book(self, sig: str, case: Case, res: dict, outcome: dict, findings: Findings, count: int = 1) -> None:
+        """Enter ``sig`` (first seen in ``case``, ``count`` times so far) as flaky or, confirmed, as a
+        failure with its shrunk repro written (``outcome``: what ``confirm`` found)."""
+        if "small" not in outcome:
+            self.stats.flaky[sig] = {"count": count, "first_case": case.index, "message": res.get("message", ""),
+                                     "rerun": outcome["rerun"]}
             return
-        small, info = shrink(case, sig, lambda c: worker.run(c.to_json()), self.cfg.shrink_seconds)
-        final = again
-        if small is not case:
-            worker.restart()
-            final = worker.run(small.to_json())
-            if signature(small.op, final) != sig:  # only reproduced after earlier attempts: keep the original
-                small, final, info["fallback"] = case, again, "shrunk case did not reproduce in a fresh worker"
-        worker.restart()
+        small, final, info = outcome["small"], outcome["final"], outcome["info"]
         script = findings.write(sig, case, small, final, info, self.meta)
         self.stats.failures[sig] = {
-            "count": 1, "first_case": case.index, "kind": res["kind"], "oracle": res["oracle"],
+            "count": count, "first_case": case.index, "kind": res["kind"], "oracle": res["oracle"],
             "category": res.get("category"), "message": str(final.get("message", ""))[:1000],
             "repro": str(script), "original_numel": case.numel(), "shrunk_numel": small.numel(),
             "original_size": list(case.size_key()), "shrunk_size": list(small.size_key()),
             "shrunk": small.describe(), "shrink": info,
         }
-        self.stats.shrink_s += time.monotonic() - t0
 
-    def _summary(self, n: int, new: int, elapsed: float, fuzz_s: float, startup_s: float, rows: dict, registry_path: Path,
-                 worker: Worker) -> dict:
+    def summary(self, n: int, new: int, elapsed: float, fuzz_s: float, startup_s: float, rows: dict,
+                worker_starts: int, lost: list | None = None, interrupted: str | None = None) -> dict:
+        """``summary.json``: ``n`` cases in all, ``new`` of them this session; ``lost``: the cells of a campaign
+        on a cluster that ended without a result; ``interrupted``: the signal that stopped it."""
         s = self.stats
         return {
             **{k: v for k, v in self.meta.items() if k != "case_timeout"},
             "python": platform.python_version(),
             "ops_pattern": self.cfg.ops,
-            "registry": str(registry_path),
+            "registry": str(self.cfg.registry or DEFAULT_PATH),
             "seed_ops": len(rows), "seed_rows": sum(len(v) for v in rows.values()),
             "budget": {"seconds": self.cfg.seconds, "cases": self.cfg.cases, "case_timeout": self.cfg.case_timeout,
                        "shrink_seconds": self.cfg.shrink_seconds, "max_numel": self.cfg.max_numel},
@@ -252,7 +298,8 @@ class Campaign:
             "distinct_failures": len(s.failures),
             "failures": s.failures, "flaky": s.flaky,
             "baseline": str(self.cfg.baseline), "known": s.known,
-            "worker_starts": worker.starts,
+            "worker_starts": worker_starts, "cluster": self.cfg.cluster, "workers": self.cfg.jobs,
+            "lost": lost or [], "interrupted": interrupted,
         }
 
 
@@ -313,28 +360,55 @@ def main(args: argparse.Namespace) -> int:
     chosen = dict(seed=args.seed, ops=args.ops, backend=args.backend, plugin=args.plugin, max_numel=args.max_numel,
                   registry=args.registry)
     chosen.update({k: Path(v) if k == "registry" and v else v for k, v in saved.items() if k in Config.IDENTITY})
-    cfg = Config(seconds=args.seconds, cases=args.cases, out=out, case_timeout=args.case_timeout,
-                 shrink_seconds=args.shrink_seconds, baseline=args.baseline, resume=args.resume is not None, **chosen)
-    print(f"harness fuzz: seed {cfg.seed}, {cfg.seconds:g} s" + (f", at most {cfg.cases} cases" if cfg.cases else "")
-          + f", backend {cfg.backend}" + (f", plugin {cfg.plugin}" if cfg.plugin else "")
-          + (" (resumed: the campaign's own seed, ops, backend and plugin)" if cfg.resume else "") + f" -> {cfg.out}",
-          flush=True)
+    if args.jobs > 1 and args.cluster.kind == "local":
+        print(f"harness fuzz: --jobs {args.jobs} needs a cluster (--cluster ray --jobs {args.jobs}): a local campaign "
+              "runs one worker", file=sys.stderr)
+        return USAGE_ERROR
     try:
-        s = Campaign(cfg).run()
-    except (ValueError, WorkerSetupError) as e:  # a bad --ops, --backend, --plugin or --baseline: no traceback
+        cluster.check(args.cluster)
+    except cluster.ClusterError as e:
         print(f"harness fuzz: {e}", file=sys.stderr)
         return USAGE_ERROR
+    cfg = Config(seconds=args.seconds, cases=args.cases, out=out, case_timeout=args.case_timeout,
+                 shrink_seconds=args.shrink_seconds, baseline=args.baseline, resume=args.resume is not None,
+                 cluster=args.cluster.label, jobs=args.jobs, **chosen)
+    print(f"harness fuzz: seed {cfg.seed}, {cfg.seconds:g} s" + (f", at most {cfg.cases} cases" if cfg.cases else "")
+          + f", backend {cfg.backend}" + (f", plugin {cfg.plugin}" if cfg.plugin else "")
+          + (" (resumed: the campaign's own seed, ops, backend and plugin)" if cfg.resume else "")
+          + (f", {cfg.jobs} worker(s) on {cfg.cluster}" if args.cluster.kind != "local" else "") + f" -> {cfg.out}",
+          flush=True)
+    try:
+        if args.cluster.kind == "local":
+            s = Campaign(cfg).run()
+        else:
+            with signals_raise(), cluster.connect(args.cluster, args.jobs) as where:
+                s = Campaign(cfg).run(where)
+    except (ValueError, WorkerSetupError) as e:  # a bad --ops, --backend, --plugin, --baseline or cluster: no traceback
+        print(f"harness fuzz: {e}", file=sys.stderr)
+        return USAGE_ERROR
+    except Interrupted as e:  # before the campaign started (joining the cluster)
+        print(f"harness fuzz: interrupted by {e.name}", file=sys.stderr)
+        return e.exit_code
     print(f"{s['cases_run']} cases in {s['fuzz_s']:.1f} s ({s['cases_per_second']:.1f}/s), {s['n_ops_covered']} ops, "
           f"outcomes {s['outcomes']}, {s['distinct_failures']} new distinct failures, {len(s['known'])} known "
           f"(listed in {cfg.baseline})")
     for sig, f in s["failures"].items():
-        print(f"  NEW {sig}  x{f['count']}  repro: {f['repro']}")
+        print(f"  NEW {sig}  x{f['count']}  repro: {f['repro'] or 'none, ' + f.get('confirm', 'not shrunk')}")
     for sig, f in s["flaky"].items():
         print(f"  (flaky, not reproduced in a fresh worker) {sig}  x{f['count']}")
     for sig, f in s["known"].items():
         print(f"  known, not a bug: {sig}  x{f['count']}: {textwrap.shorten(f['reason'], 110)}")
+    for cell in s.get("lost", []):
+        print(f"  LOST {cell['cell']} ({cell['what']}): {cell['status']} on node {cell['node'] or '?'}: "
+              f"{textwrap.shorten(cell['reason'], 160)}", file=sys.stderr)
     print(f"results: {cfg.out / 'results.jsonl'}; summary: {cfg.out / 'summary.json'}")
+    if s.get("lost"):
+        print(f"{len(s['lost'])} cell(s) of the campaign ended without a result (exit 1): --resume {cfg.out} runs "
+              "the cases they had", file=sys.stderr)
+    if s.get("interrupted"):
+        print(f"interrupted by {s['interrupted']}: the finished shards' cases are in the results", file=sys.stderr)
+        return 128 + signal.Signals[s["interrupted"]].value
     if s["failures"]:
         print(f"new findings fail the run (exit 1): fix them, or, if one is not a bug, add its signature and the "
               f"reason to {cfg.baseline}", file=sys.stderr)
-    return 1 if s["failures"] else 0
+    return 1 if s["failures"] or s.get("lost") else 0

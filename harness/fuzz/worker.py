@@ -23,7 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from harness.cells import exit_kind, kill_group, log_tail, main_module_hidden
+from harness.cells import die_with_parent, exit_kind, kill_group, log_tail, main_module_hidden
 
 _PRELOAD = ["torch", "mncore", "mncore.context", "harness.fuzz.oracles", "harness.fuzz.warmup"]
 # One tiny case run by every worker before it reports ready (first-call costs of tracing, compiling
@@ -60,8 +60,10 @@ def _import_file(path: Path, name: str) -> None:
 
 
 def _worker_main(conn: Any, backend: str, plugin: str | None, cwd: str, log_path: str, codegen_dir: str) -> None:
-    """Entry point of a worker process (runs in the child, in its own process group)."""
+    """Entry point of a worker process (runs in the child, in its own process group, ending with the fork
+    server, which ends with the campaign: a campaign killed by its cluster leaves no worker behind)."""
     os.setsid()
+    die_with_parent()
     log = open(log_path, "a", buffering=1)
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
@@ -117,8 +119,10 @@ class WorkerSetupError(RuntimeError):
 class Worker:
     """One worker process at a time; ``run`` returns an outcome dict even when the worker dies."""
 
-    def __init__(self, backend: str, plugin: str | None, log_path: Path, case_timeout: float):
+    def __init__(self, backend: str, plugin: str | None, log_path: Path, case_timeout: float, base: str | None = None):
+        """``base``: the directory a plugin given as a relative path or file is found under (default: here)."""
         self.backend, self.plugin, self.log_path, self.case_timeout = backend, plugin, Path(log_path), case_timeout
+        self.base = base or os.getcwd()
         self.proc: Any = None
         self.conn: Any = None
         self.restarts = 0
@@ -137,7 +141,7 @@ class Worker:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         parent, child = self._ctx.Pipe()
         self.proc = self._ctx.Process(target=_worker_main, daemon=True,
-                                      args=(child, self.backend, self.plugin, os.getcwd(), str(self.log_path),
+                                      args=(child, self.backend, self.plugin, self.base, str(self.log_path),
                                             self.codegen_dir))
         with main_module_hidden():
             self.proc.start()
