@@ -88,6 +88,7 @@ class Registry:
         self.entries: dict[str, Entry] = {}
         self.excluded: dict[str, int] = {}
         self.models: dict[str, dict] = {}
+        self.failed: dict[str, str] = {}  # model configs that could not be recorded: why (kept in the file)
 
     def add(self, entry: Entry) -> None:
         key = entry.key
@@ -103,6 +104,7 @@ class Registry:
         for k, n in other.excluded.items():
             self.excluded[k] = self.excluded.get(k, 0) + n
         self.models.update(other.models)
+        self.failed.update(other.failed)
         return self
 
     def __len__(self) -> int:
@@ -133,7 +135,8 @@ class Registry:
         tmp = path.with_suffix(path.suffix + ".tmp")
         with tmp.open("w") as f:
             header = {"format": "mncore-shape-registry", "version": FORMAT_VERSION, "entries": len(self),
-                      "excluded": dict(sorted(self.excluded.items())), "models": dict(sorted(self.models.items()))}
+                      "excluded": dict(sorted(self.excluded.items())), "models": dict(sorted(self.models.items())),
+                      "failed": dict(sorted(self.failed.items()))}
             f.write(json.dumps(header, sort_keys=True) + "\n")
             for e in self.sorted():
                 f.write(json.dumps(e.to_json(), sort_keys=True, separators=(",", ":")) + "\n")
@@ -161,6 +164,7 @@ class Registry:
                              f"(this code reads version {FORMAT_VERSION}); re-record it")
         reg.excluded = header.get("excluded", {})
         reg.models = header.get("models", {})
+        reg.failed = header.get("failed", {})
         for i, line in enumerate(lines[1:], start=2):
             try:
                 reg.add(Entry.from_json(json.loads(line)))
