@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def pytest_wall(sample: int, workers: str, batch: int | None, collect_only: bool = False) -> tuple[float, str]:

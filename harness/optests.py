@@ -9,6 +9,7 @@ failing row (its id, as ``harness registry show`` prints it) with why.
 """
 from __future__ import annotations
 
+import functools
 import math
 import random
 from pathlib import Path
@@ -25,11 +26,11 @@ ITEM_ELEMENTS = 20_000_000  # input elements per item at most (a larger row is a
 def rows(sample: int = 0, path: Path = DEFAULT_PATH) -> list[Entry]:
     """The registry's rows in key order; with ``sample`` > 0, a deterministic sample of about that many
     (every op keeps its first row, the rest drawn with a fixed seed)."""
-    every = Registry.load(path).sorted()
+    every = _sorted_rows(path)
     if not every:
         raise RuntimeError(f"{path} has no rows: regenerate it with `harness registry record`")
     if not sample or sample >= len(every):
-        return every
+        return list(every)
     first: dict[str, Entry] = {}
     for r in every:
         first.setdefault(r.op, r)
@@ -38,6 +39,12 @@ def rows(sample: int = 0, path: Path = DEFAULT_PATH) -> list[Entry]:
     random.Random(0).shuffle(rest)
     chosen = list(first.values()) + rest[: max(0, sample - len(first))]
     return sorted(chosen, key=lambda r: r.key)
+
+
+@functools.lru_cache(maxsize=2)
+def _sorted_rows(path: Path) -> list[Entry]:
+    """Read once per process (the sample and the stale-entry check both need it)."""
+    return Registry.load(path).sorted()
 
 
 def elements(row: Entry) -> int:

@@ -7,6 +7,9 @@ An argument is stored as structured JSON, never as code to ``eval``:
   list    {"t": "list", "items": [...]}
   other   {"t": "dtype"|"device"|"layout"|"memory_format", "v": "..."}
 ``range`` merges as the union over every call with the same signature; ``count`` adds up.
+The file leaves out what a tensor's shape implies (version 2): ``stride`` when it is the contiguous one
+and ``contiguous`` when true; reading puts them back, so rows in memory always have both. (Optimizer
+rows list every parameter: this keeps a catalog-sized registry small enough for git.)
 """
 from __future__ import annotations
 
@@ -15,7 +18,41 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 wrote every tensor's stride and contiguity
+
+
+def contiguous_strides(shape: list[int]) -> list[int]:
+    """The strides of a contiguous tensor of ``shape`` (as torch computes them: size-0 dims count as 1)."""
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return out[::-1]
+
+
+def _compact(arg: Any) -> Any:
+    """The file form of an argument: tensors without the stride and contiguity their shape implies."""
+    if isinstance(arg, dict) and arg.get("t") == "tensor":
+        out = {k: v for k, v in arg.items() if not (k == "contiguous" and v is True)}
+        if out.get("stride") == contiguous_strides(arg["shape"]) and arg.get("contiguous", True):
+            del out["stride"]
+        return out
+    if isinstance(arg, dict) and arg.get("t") == "list":
+        return dict(arg, items=[_compact(a) for a in arg["items"]])
+    return arg
+
+
+def _expand(arg: Any) -> Any:
+    """The in-memory form of a file argument (``_compact`` undone, in place)."""
+    if isinstance(arg, dict) and arg.get("t") == "tensor":
+        arg.setdefault("contiguous", True)
+        if "stride" not in arg:
+            arg["stride"] = contiguous_strides(arg["shape"])
+    elif isinstance(arg, dict) and arg.get("t") == "list":
+        for a in arg["items"]:
+            _expand(a)
+    return arg
 
 
 def signature(arg: Any) -> Any:
@@ -70,7 +107,9 @@ class Entry:
                 mine.setdefault("indexes", theirs["indexes"])
 
     def to_json(self) -> dict:
-        return {"op": self.op, "args": self.args, "kwargs": self.kwargs, "count": self.count,
+        """The file form (tensors compacted)."""
+        return {"op": self.op, "args": [_compact(a) for a in self.args],
+                "kwargs": {k: _compact(v) for k, v in self.kwargs.items()}, "count": self.count,
                 "models": sorted(self.models), "sources": sorted(self.sources)}
 
     @staticmethod
@@ -78,7 +117,8 @@ class Entry:
         missing = [k for k in ("op", "args", "kwargs", "count") if k not in d]
         if missing:
             raise ValueError(f"registry row is missing {', '.join(missing)}: {str(d)[:200]}")
-        return Entry(d["op"], d["args"], d["kwargs"], d["count"], set(d.get("models", ())), set(d.get("sources", ())))
+        return Entry(d["op"], [_expand(a) for a in d["args"]], {k: _expand(v) for k, v in d["kwargs"].items()},
+                     d["count"], set(d.get("models", ())), set(d.get("sources", ())))
 
 
 class Registry:
@@ -159,9 +199,9 @@ class Registry:
             raise ValueError(f"{path}:1: header is not JSON: {e}") from None
         if header.get("format") != "mncore-shape-registry":
             raise ValueError(f"{path}: not a shape registry file (header {str(header)[:120]})")
-        if header.get("version") != FORMAT_VERSION:
+        if header.get("version") not in READABLE_VERSIONS:
             raise ValueError(f"{path}: registry format version {header.get('version')} is not supported "
-                             f"(this code reads version {FORMAT_VERSION}); re-record it")
+                             f"(this code reads versions {', '.join(map(str, READABLE_VERSIONS))}); re-record it")
         reg.excluded = header.get("excluded", {})
         reg.models = header.get("models", {})
         reg.failed = header.get("failed", {})

@@ -33,7 +33,10 @@ def _params():
         if id(r) in marked:
             yield pytest.param([r], id=describe(r), marks=marked[id(r)])
     plain = [r for r in ROWS if id(r) not in marked]
-    for name, rows in optests.batches(plain, mncore.config.get("optest_batch")):
+    items = optests.batches(plain, mncore.config.get("optest_batch"))
+    # the costliest items first: `pytest -n auto` hands items out in this order, so no worker is left
+    # with a large one while the others are idle at the end
+    for name, rows in sorted(items, key=lambda item: -sum(map(optests.elements, item[1]))):
         yield pytest.param(rows, id=name)
 
 

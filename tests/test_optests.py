@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from harness import optests
+from harness.opgen import make_inputs
 from harness.registry_cmd import _keep_unrecorded
 from shape_registry import Registry
 from shape_registry.format import Entry
@@ -78,3 +79,37 @@ def test_re_recording_keeps_other_models_and_notes_failures():
     assert set(new.models) == {"zoo:tiny", "hf_x:tiny", "gone:tiny"}  # a failed re-recording keeps its rows
     assert new.failed == {"gone:tiny": "timeout: gone:tiny: ran past 600 s"}
     assert new.excluded == {"view:aten.t.default": 4 + 5 - 3}  # zoo:tiny's old 3 replaced by its new 4
+
+
+def test_a_host_scalar_tensor_among_device_ones_is_recorded_as_a_tensor():
+    from shape_registry.record import norm_arg
+
+    got = norm_arg(torch.tensor(2.8284), lambda a: None, values=False)  # the lazy tracer knows no CPU tensor
+    assert got == {"t": "tensor", "shape": [], "dtype": "float32", "stride": [], "contiguous": True}
+
+
+def test_negative_indices_without_ignore_index_count_from_the_end():
+    row = Entry("aten.index.Tensor", [
+        {"t": "tensor", "shape": [2, 6], "dtype": "float32", "stride": [6, 1], "contiguous": True},
+        {"t": "list", "items": [{"t": "none", "v": None}, {"t": "tensor", "shape": [3], "dtype": "int64", "stride": [1],
+                                                           "contiguous": True, "indexes": ["self", 1], "range": [-2, -1]}]}],
+        {}, 1, {"hf_falcon:tiny"}, {"eager"})
+    idx = make_inputs(row)[0][1][1]
+    assert idx.min() >= -2 and idx.max() <= -1
+    assert optests.check(row) == ""
+
+
+def test_compact_file_form_round_trips(tmp_path):
+    reg = Registry()
+    reg.add(_row("aten.add.Tensor", [2, 3], [2, 3]))
+    nc = _row("aten.mul.Tensor", [2, 3])
+    nc.args[0].update(stride=[1, 2], contiguous=False)
+    reg.add(nc)
+    for e in reg:
+        for t in e.tensors():
+            t["stride"] = t["stride"] or [3, 1]
+    reg.failed = {"x:tiny": "crash: x:tiny: child exited -11"}
+    path = reg.save(tmp_path / "r.jsonl")
+    assert '"stride":[1,2]' in path.read_text() and '"stride":[3,1]' not in path.read_text()
+    back = Registry.load(path)
+    assert [(e.key, e.args) for e in back] == [(e.key, e.args) for e in reg] and back.failed == reg.failed

@@ -104,15 +104,20 @@ def lazy_call(op: Any, args: list, kwargs: dict) -> tuple[Any, list, dict]:
 
 
 def lazy_run(op: Any, args: list, kwargs: dict) -> tuple[Any, list, dict]:
-    """The op traced on arguments already on ``mncore``, run at ``sync()``; everything read back.
+    """The op traced on arguments already on ``mncore``, run at ``sync()``; the outputs and the arguments
+    the op writes read back to the CPU (the others are returned as they were: nothing judges them).
 
     ``wait_device_ops`` is part of the call so that an error of a graph nobody reads surfaces here,
     in this case, not in the next one.
     """
+    writes = written(op)
+    at, names = {i for i, _ in writes}, {n for _, n in writes}
     with drained():
         out = op(*args, **kwargs)
         mncore.sync()
-        out, a, k = to_cpu(out), to_cpu(args), to_cpu(kwargs)
+        out = to_cpu(out)
+        a = [to_cpu(x) if i in at else x for i, x in enumerate(args)]
+        k = {n: to_cpu(v) if n in names else v for n, v in kwargs.items()}
         mncore.wait_device_ops()
     return out, a, k
 
