@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="every catalog model that built (tiny configs; `harness zoo list --catalog`), with --models "
                          "too; the rows of models not re-recorded are kept")
     rr.add_argument("--configs", default="tiny,default", help="comma-separated zoo configs recorded per model")
+    rr.add_argument("--resume", action="store_true",
+                    help="skip the model configs the registry file already holds (finish an interrupted run)")
     rr.add_argument("--out", type=Path, default=None,
                     help="registry file (default shape_registry/data/registry.jsonl)")
     rr.add_argument("--jobs", type=positive_int, default=1, help="models recorded in parallel (own process each)")
@@ -125,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
             from model_zoo import catalog
 
             cells += [(e.name, "tiny") for e in catalog.built() if e.source != "zoo" and e.name not in models]
+        if args.resume and path.exists():
+            from shape_registry import Registry
+
+            held = Registry.load(path).models
+            print(f"--resume: {sum(f'{m}:{c}' in held for m, c in cells)} of {len(cells)} model configs already recorded")
+            cells = [(m, c) for m, c in cells if f"{m}:{c}" not in held]
         try:
             with cluster.connect(args.cluster, args.jobs) as where:
                 return registry_cmd.record(cells, path, jobs=args.jobs, timeout=args.timeout,

@@ -63,11 +63,12 @@ def _values(spec: dict, g: torch.Generator, sizes_of: dict) -> torch.Tensor:
         return (torch.rand(shape, generator=g, dtype=torch.float64) * (hi - lo) + lo).to(dtype)
     lo, hi = (0, 1) if lo_hi is None else (int(lo_hi[0]), int(lo_hi[1]))
     ignore = sizes_of.get("__ignore_index__")
-    if "indexes" in spec and lo < 0:
+    if "indexes" in spec and lo < 0 and ignore is not None and ignore < 0:
         # Negative recorded indices are the op's ignore_index (e.g. nll_loss's -100 padding labels):
-        # draw valid indices and mark a tenth of them as ignored, as the real batch did.
+        # draw valid indices and mark a tenth of them as ignored, as the real batch did. (Without an
+        # ignore_index they count from the end, x[..., -1], and the recorded range is drawn from.)
         out = torch.randint(0, hi + 1, shape, generator=g)
-        if ignore is not None and ignore < 0 and out.numel():
+        if out.numel():
             out[torch.rand(shape, generator=g) < 0.1] = ignore
         return out.to(dtype)
     return torch.randint(lo, hi + 1, shape, generator=g).to(dtype)

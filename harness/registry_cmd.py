@@ -59,6 +59,7 @@ def record_one(name: str, config: str, out: Path, lazy: bool = True, max_batch: 
         info["implicit_syncs_per_step"] = after["implicit_syncs"] - before["implicit_syncs"]
         info["fallback_ops_per_step"] = after["fallback_ops"] - before["fallback_ops"]
         info["traced_ops_per_step"] = after["traced_ops"] - before["traced_ops"]
+    info["excluded"] = dict(sorted(reg.excluded.items()))  # per model, so a re-recording can replace them
     reg.models[key] = info
     reg.save(out)
     del torch
@@ -97,24 +98,39 @@ def record(cells: list[tuple[str, str]], out: Path, jobs: int = 1, timeout: int 
                         preload=PRELOAD) as runner:
             recorded = runner.run(todo, finish)
     merged = Registry()
-    for r in recorded:
+    for (m, c), r in zip(cells, recorded):
         if r.part is not None:
             merged.merge(r.part)
-    failures = [r.failure for r in recorded if r.failure]
+        else:  # kept in the file: a model that cannot be recorded is a row of its own, with why
+            merged.failed[f"{m}:{c}"] = f"{r.status}: {r.failure}"
     if out.exists():
-        old = Registry.load(out)
-        keep = {k for k in old.models if k not in merged.models}
-        if keep:  # rows of models not re-recorded stay; re-recorded models replace theirs
-            for e in old.sorted():
-                e.models &= keep
-                if e.models:
-                    merged.add(e)
-            merged.models.update({k: old.models[k] for k in keep})
+        _keep_unrecorded(Registry.load(out), merged)
     merged.save(out)
-    print(f"wrote {out}: {len(merged)} rows, {len(merged.ops())} ops, {len(merged.models)} model configs")
+    print(f"wrote {out}: {len(merged)} rows, {len(merged.ops())} ops, {len(merged.models)} model configs"
+          + (f", {len(merged.failed)} failed to record" if merged.failed else ""))
+    failures = [r.failure for r in recorded if r.failure]
     for f in failures:
         print(f"FAILED {f}", file=sys.stderr)
     return 1 if failures else 0
+
+
+def _keep_unrecorded(old: Registry, merged: Registry) -> None:
+    """Add to ``merged`` what ``old`` knows of the model configs not recorded again: their rows, their
+    header entries, their exclusion counts and failures (re-recorded models replace theirs; one that fails
+    to record again keeps its old rows, and its failure is noted)."""
+    keep = {k for k in old.models if k not in merged.models}
+    for e in old.sorted():
+        e.models &= keep
+        if e.models:
+            merged.add(e)
+    merged.models.update({k: old.models[k] for k in keep})
+    merged.failed.update({k: v for k, v in old.failed.items() if k not in merged.models and k not in merged.failed})
+    # exclusion counts: the old totals less those of the replaced models (stored per model since the catalog)
+    replaced = [old.models[k].get("excluded", {}) for k in old.models if k in merged.models]
+    for k, n in old.excluded.items():
+        left = n - sum(x.get(k, 0) for x in replaced)
+        if left > 0:
+            merged.excluded[k] = merged.excluded.get(k, 0) + left
 
 
 def stats(path: Path) -> str:

@@ -146,6 +146,8 @@ KNOBS: tuple[Knob, ...] = (
     _knob("runtime_dir", None, _path, "init", "board lock files (unset: `$TMPDIR/mncore-$UID`)", "a directory"),
     _knob("optest_sample", 0, _number(int, 0, "a non-negative integer"),
           "test collection", "generated op tests: deterministic sample of N rows (0: all)", "integer >= 0"),
+    _knob("optest_batch", 64, _number(int, 1, "a positive integer"), "test collection",
+          "generated op tests: rows of one op per test item (1: a test per row)", "integer >= 1"),
 )
 _BY_FIELD = {k.field: k for k in KNOBS}
 _BY_ENV = {k.env: k for k in KNOBS}

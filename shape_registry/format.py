@@ -7,6 +7,9 @@ An argument is stored as structured JSON, never as code to ``eval``:
   list    {"t": "list", "items": [...]}
   other   {"t": "dtype"|"device"|"layout"|"memory_format", "v": "..."}
 ``range`` merges as the union over every call with the same signature; ``count`` adds up.
+The file leaves out what a tensor's shape implies (version 2): ``stride`` when it is the contiguous one
+and ``contiguous`` when true; reading puts them back, so rows in memory always have both. (Optimizer
+rows list every parameter: this keeps a catalog-sized registry small enough for git.)
 """
 from __future__ import annotations
 
@@ -15,7 +18,41 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 wrote every tensor's stride and contiguity
+
+
+def contiguous_strides(shape: list[int]) -> list[int]:
+    """The strides of a contiguous tensor of ``shape`` (as torch computes them: size-0 dims count as 1)."""
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return out[::-1]
+
+
+def _compact(arg: Any) -> Any:
+    """The file form of an argument: tensors without the stride and contiguity their shape implies."""
+    if isinstance(arg, dict) and arg.get("t") == "tensor":
+        out = {k: v for k, v in arg.items() if not (k == "contiguous" and v is True)}
+        if out.get("stride") == contiguous_strides(arg["shape"]) and arg.get("contiguous", True):
+            del out["stride"]
+        return out
+    if isinstance(arg, dict) and arg.get("t") == "list":
+        return dict(arg, items=[_compact(a) for a in arg["items"]])
+    return arg
+
+
+def _expand(arg: Any) -> Any:
+    """The in-memory form of a file argument (``_compact`` undone, in place)."""
+    if isinstance(arg, dict) and arg.get("t") == "tensor":
+        arg.setdefault("contiguous", True)
+        if "stride" not in arg:
+            arg["stride"] = contiguous_strides(arg["shape"])
+    elif isinstance(arg, dict) and arg.get("t") == "list":
+        for a in arg["items"]:
+            _expand(a)
+    return arg
 
 
 def signature(arg: Any) -> Any:
@@ -70,7 +107,9 @@ class Entry:
                 mine.setdefault("indexes", theirs["indexes"])
 
     def to_json(self) -> dict:
-        return {"op": self.op, "args": self.args, "kwargs": self.kwargs, "count": self.count,
+        """The file form (tensors compacted)."""
+        return {"op": self.op, "args": [_compact(a) for a in self.args],
+                "kwargs": {k: _compact(v) for k, v in self.kwargs.items()}, "count": self.count,
                 "models": sorted(self.models), "sources": sorted(self.sources)}
 
     @staticmethod
@@ -78,7 +117,8 @@ class Entry:
         missing = [k for k in ("op", "args", "kwargs", "count") if k not in d]
         if missing:
             raise ValueError(f"registry row is missing {', '.join(missing)}: {str(d)[:200]}")
-        return Entry(d["op"], d["args"], d["kwargs"], d["count"], set(d.get("models", ())), set(d.get("sources", ())))
+        return Entry(d["op"], [_expand(a) for a in d["args"]], {k: _expand(v) for k, v in d["kwargs"].items()},
+                     d["count"], set(d.get("models", ())), set(d.get("sources", ())))
 
 
 class Registry:
@@ -88,6 +128,7 @@ class Registry:
         self.entries: dict[str, Entry] = {}
         self.excluded: dict[str, int] = {}
         self.models: dict[str, dict] = {}
+        self.failed: dict[str, str] = {}  # model configs that could not be recorded: why (kept in the file)
 
     def add(self, entry: Entry) -> None:
         key = entry.key
@@ -103,6 +144,7 @@ class Registry:
         for k, n in other.excluded.items():
             self.excluded[k] = self.excluded.get(k, 0) + n
         self.models.update(other.models)
+        self.failed.update(other.failed)
         return self
 
     def __len__(self) -> int:
@@ -133,7 +175,8 @@ class Registry:
         tmp = path.with_suffix(path.suffix + ".tmp")
         with tmp.open("w") as f:
             header = {"format": "mncore-shape-registry", "version": FORMAT_VERSION, "entries": len(self),
-                      "excluded": dict(sorted(self.excluded.items())), "models": dict(sorted(self.models.items()))}
+                      "excluded": dict(sorted(self.excluded.items())), "models": dict(sorted(self.models.items())),
+                      "failed": dict(sorted(self.failed.items()))}
             f.write(json.dumps(header, sort_keys=True) + "\n")
             for e in self.sorted():
                 f.write(json.dumps(e.to_json(), sort_keys=True, separators=(",", ":")) + "\n")
@@ -156,11 +199,12 @@ class Registry:
             raise ValueError(f"{path}:1: header is not JSON: {e}") from None
         if header.get("format") != "mncore-shape-registry":
             raise ValueError(f"{path}: not a shape registry file (header {str(header)[:120]})")
-        if header.get("version") != FORMAT_VERSION:
+        if header.get("version") not in READABLE_VERSIONS:
             raise ValueError(f"{path}: registry format version {header.get('version')} is not supported "
-                             f"(this code reads version {FORMAT_VERSION}); re-record it")
+                             f"(this code reads versions {', '.join(map(str, READABLE_VERSIONS))}); re-record it")
         reg.excluded = header.get("excluded", {})
         reg.models = header.get("models", {})
+        reg.failed = header.get("failed", {})
         for i, line in enumerate(lines[1:], start=2):
             try:
                 reg.add(Entry.from_json(json.loads(line)))

@@ -116,6 +116,8 @@ def _num(v: float | int) -> float | int:
 def norm_arg(a: Any, meta_of: Callable[[Any], tuple | None], values: bool) -> Any:
     """Structured JSON for one argument (see ``shape_registry.format``)."""
     meta = meta_of(a)
+    if meta is None and isinstance(a, torch.Tensor):  # a host tensor among device ones (a 0-dim CPU scalar)
+        meta = _eager_meta(a)
     if meta is not None:
         shape, stride, dtype = meta
         contiguous = _is_contiguous(shape, stride)

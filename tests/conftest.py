@@ -14,7 +14,7 @@ import mncore  # noqa: E402
 from mncore.context import Context, MNDevice  # noqa: E402
 
 # Settings the simulator tests must not inherit from the environment they run in: every knob.
-SIM_ENV_VARS = tuple(k.env for k in mncore.config.KNOBS if k.field != "optest_sample")
+SIM_ENV_VARS = tuple(k.env for k in mncore.config.KNOBS if k.read != "test collection")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

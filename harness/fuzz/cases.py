@@ -30,7 +30,7 @@ from typing import Any, Iterator
 import torch
 
 from harness.opgen import _extent, describe, make_inputs, resolve_op
-from shape_registry.format import Entry
+from shape_registry.format import Entry, contiguous_strides
 
 NONFINITE_DISTS = ("nan", "inf")
 VALUE_DISTS = ("large", "negative", "denormal", "simple") + NONFINITE_DISTS
@@ -64,14 +64,6 @@ def get_path(args: list, kwargs: dict, path: str) -> Any:
     except (KeyError, IndexError, ValueError, TypeError):
         return None
     return x
-
-
-def contiguous_strides(shape: list[int]) -> list[int]:
-    out, acc = [], 1
-    for n in reversed(shape):
-        out.append(acc)
-        acc *= max(n, 1)
-    return out[::-1]
 
 
 def _dense_in_order(shape: list[int], old_stride: list[int]) -> list[int]:

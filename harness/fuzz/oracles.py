@@ -98,16 +98,26 @@ def eager_call(op: Any, args: list, kwargs: dict) -> tuple[Any, list, dict]:
 
 
 def lazy_call(op: Any, args: list, kwargs: dict) -> tuple[Any, list, dict]:
-    """The op traced on ``mncore`` copies, run at ``sync()``; everything read back to the CPU.
+    """The op traced on ``mncore`` copies, run at ``sync()``; everything read back to the CPU."""
+    with drained():  # an upload copies (``to_device``): the CPU arguments stay as they were
+        return lazy_run(op, to_device(args, "mncore"), to_device(kwargs, "mncore"))
+
+
+def lazy_run(op: Any, args: list, kwargs: dict) -> tuple[Any, list, dict]:
+    """The op traced on arguments already on ``mncore``, run at ``sync()``; the outputs and the arguments
+    the op writes read back to the CPU (the others are returned as they were: nothing judges them).
 
     ``wait_device_ops`` is part of the call so that an error of a graph nobody reads surfaces here,
     in this case, not in the next one.
     """
+    writes = written(op)
+    at, names = {i for i, _ in writes}, {n for _, n in writes}
     with drained():
-        a, k = to_device(clone(args), "mncore"), to_device(clone(kwargs), "mncore")
-        out = op(*a, **k)
+        out = op(*args, **kwargs)
         mncore.sync()
-        out, a, k = to_cpu(out), to_cpu(a), to_cpu(k)
+        out = to_cpu(out)
+        a = [to_cpu(x) if i in at else x for i, x in enumerate(args)]
+        k = {n: to_cpu(v) if n in names else v for n, v in kwargs.items()}
         mncore.wait_device_ops()
     return out, a, k
 
