@@ -52,6 +52,10 @@ def _results(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
 
 
+# The off-by-one sum plugin's bug when the element it drops is an inf of the registry's value ranges.
+_SUM_NONFINITE = "aten.sum.dim_IntList:nonfinite_mismatch:lazy_vs_eager"
+
+
 def test_wrong_lowering_is_found_shrunk_and_reproduced(tmp_path: Path) -> None:
     """An off-by-one ``sum.dim_IntList`` lowering: found within 25 cases, shrunk, and its repro fails only with it."""
     # The case budget decides (a time budget far beyond it), so the verdicts do not depend on machine speed.
@@ -59,7 +63,9 @@ def test_wrong_lowering_is_found_shrunk_and_reproduced(tmp_path: Path) -> None:
                     "--plugin", "tests.fuzz_plugins.off_by_one")
     sig = "aten.sum.dim_IntList:mismatch:lazy_vs_eager"
     assert proc.returncode == 1, proc.stderr[-3000:]  # findings make the command fail
-    assert list(s["failures"]) == [sig], s["failures"]
+    # The same bug may also show as a non-finite mismatch (see _SUM_NONFINITE); nothing else may be found.
+    assert sig in s["failures"], s["failures"]
+    assert set(s["failures"]) <= {sig, _SUM_NONFINITE}, s["failures"]
     assert s["cases_run"] == 25 and s["plugin"] == "tests.fuzz_plugins.off_by_one"
     f = s["failures"][sig]
     first = next(r for r in _results(tmp_path) if r["signature"] == sig)
@@ -220,19 +226,24 @@ def test_baseline_lists_known_findings_and_new_ones_still_fail(tmp_path: Path) -
     """The injected off-by-one ``sum``: listed in a baseline it is a known finding (counted, exit 0, not
     shrunk); with an entry whose ``match`` text its message lacks, or absent, it is new (exit 1)."""
     sig = "aten.sum.dim_IntList:mismatch:lazy_vs_eager"
+    both = {sig, _SUM_NONFINITE}  # the plugin's one bug, under both signatures it can show
     listed, other = tmp_path / "listed.json", tmp_path / "other.json"
-    listed.write_text(json.dumps({"entries": [{"signature": sig, "reason": "injected by the test plugin"}]}))
-    other.write_text(json.dumps({"entries": [{"signature": sig, "match": "NotCompilableError", "reason": "x"}]}))
+    listed.write_text(json.dumps({"entries": [{"signature": s, "reason": "injected by the test plugin"} for s in both]}))
+    other.write_text(json.dumps({"entries": [{"signature": s, "match": "NotCompilableError", "reason": "x"}
+                                             for s in both]}))
     args = ("--seconds", "600", "--cases", "25", "--seed", "3", "--ops", "aten.sum.dim_IntList",
             "--plugin", "tests.fuzz_plugins.off_by_one", "--shrink-seconds", "0")
     runs = [(_start(tmp_path / d, *args, "--baseline", str(b)), tmp_path / d) for d, b in (("a", listed), ("b", other))]
     (known, a), (new, b) = (_finish(p, out) for p, out in runs)
     assert known.returncode == 0, known.stderr[-3000:]
-    assert a["failures"] == {} and list(a["known"]) == [sig] and a["known"][sig]["reason"] == "injected by the test plugin"
-    assert a["known"][sig]["count"] == a["outcomes"]["known"] >= 1 and "known, not a bug: " + sig in known.stdout
+    assert a["failures"] == {} and sig in a["known"] and set(a["known"]) <= both
+    assert all(k["reason"] == "injected by the test plugin" for k in a["known"].values())
+    assert sum(k["count"] for k in a["known"].values()) == a["outcomes"]["known"] >= 1
+    assert "known, not a bug: " + sig in known.stdout
     assert not (tmp_path / "a" / "findings").exists() or not any((tmp_path / "a" / "findings").iterdir())
-    assert all(r["signature"] == sig for r in _results(tmp_path / "a") if r["status"] == "known")
-    assert new.returncode == 1 and list(b["failures"]) == [sig] and b["known"] == {}, new.stderr[-3000:]
+    assert all(r["signature"] in both for r in _results(tmp_path / "a") if r["status"] == "known")
+    assert new.returncode == 1 and sig in b["failures"] and set(b["failures"]) <= both and b["known"] == {}, \
+        new.stderr[-3000:]
     assert f"NEW {sig}" in new.stdout and "add its signature and the reason to" in new.stderr
 
 
