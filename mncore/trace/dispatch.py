@@ -20,7 +20,7 @@ from mncore.trace import views
 from mncore.trace.backward import BackwardFailure, in_backward
 from mncore.trace.host import fallback, functional, host_op, host_value
 from mncore.trace.infer import FallbackNeeded
-from mncore.trace.record import from_host, new_tensor, record
+from mncore.trace.record import cache_view, from_host, new_tensor, record
 from mncore.trace.state import tracer
 from mncore.trace.tensor import DEVICE_NAME, LazyTensor
 from mncore.trace.writes import mutating, write
@@ -36,9 +36,7 @@ def _view(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
         return functional(info, func, args, kwargs)
     if id(func) in _ALIAS_IDS:
         child = _child(self, self.mn_meta, self.mn_chain)
-        if self.mn_view_cache is not None:
-            child.mn_view_cache = self.mn_view_cache
-            tracer.view_cached.add(child)
+        cache_view(child, self.mn_view_cache)
         return child
     try:
         node = record(info, func, args, kwargs)
@@ -53,8 +51,7 @@ def _view(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
         # Unknown view ops still read through the chain (so they see later writes to the base);
         # writing through them raises in views.inverse.
         child = _child(self, metas[0], self.mn_chain + ((func, rest, self.mn_meta.shape),))
-        child.mn_view_cache = (token, (node, 0))
-        tracer.view_cached.add(child)
+        cache_view(child, (token, (node, 0)))
         return child
     pieces = views.split_views(func, rest, self.mn_meta.shape)
     if pieces is None:
@@ -62,8 +59,7 @@ def _view(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     out = []
     for i, ((op, a), m) in enumerate(zip(pieces, metas)):
         child = _child(self, m, self.mn_chain + ((op, a, self.mn_meta.shape),))
-        child.mn_view_cache = (token, (node, i))
-        tracer.view_cached.add(child)
+        cache_view(child, (token, (node, i)))
         out.append(child)
     return struct(out)
 
@@ -222,9 +218,8 @@ def _metadata_inplace(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
         return _restride_same_shape(self, list(args[2]), (args[3] if len(args) > 3 else None) or 0)
     view = views.out_of_place(func)(*args, **kwargs)
     _set_wrapper_meta(func, args, kwargs)
-    self.mn_meta, self.mn_chain, self.mn_view_cache = view.mn_meta, view.mn_chain, view.mn_view_cache
-    if self.mn_view_cache is not None:
-        tracer.view_cached.add(self)
+    self.mn_meta, self.mn_chain = view.mn_meta, view.mn_chain
+    cache_view(self, view.mn_view_cache)
     if getattr(view, "mn_readonly", None):
         self.mn_readonly = view.mn_readonly
     return self

@@ -21,7 +21,7 @@ from mncore import config
 
 _CEILING = 100_000  # automatic young collections between cuts only past this many net allocations
 
-_state = {"armed": False, "at_sync": False, "saved": None}
+_state = {"armed": False, "saved": None}  # saved: CPython's thresholds, while collecting at cuts
 
 
 def at_init() -> None:
@@ -44,12 +44,11 @@ def at_reuse() -> None:
         _state["saved"] = gc.get_threshold()
         t0, t1, t2 = _state["saved"]
         gc.set_threshold(max(t0, _CEILING), t1, t2)
-        _state["at_sync"] = True
 
 
 def at_cut() -> None:
     """A graph cut (or a replayed step) ended: collect the generations CPython would have by now."""
-    if not _state["at_sync"]:
+    if _state["saved"] is None:
         return
     t0, t1, t2 = _state["saved"]
     c0, c1, c2 = gc.get_count()
@@ -62,4 +61,3 @@ def restore() -> None:
     if _state["saved"] is not None:
         gc.set_threshold(*_state["saved"])
         _state["saved"] = None
-    _state["at_sync"] = False

@@ -37,9 +37,16 @@ def value_of(t: Any) -> tuple:
     ref, meta = st.value, st.meta
     for op, args, _parent_shape in ch:
         ref, meta = emit1(op, (RefArg(ref, meta),) + tuple(args), {})
-    t.mn_view_cache = (token, ref)
-    tracer.view_cached.add(t)
+    cache_view(t, (token, ref))
     return ref
+
+
+def cache_view(t: LazyTensor, cached: tuple | None) -> None:
+    """Set ``t``'s cached view value ``(token, ref)``; the tracer drops it at the next graph epoch
+    (``Tracer.new_epoch``), so a tensor that outlives the cut does not keep the old graph alive."""
+    t.mn_view_cache = cached
+    if cached is not None:
+        tracer.view_cached.add(t)
 
 
 def new_tensor(ref: tuple, meta: TensorMeta) -> LazyTensor:

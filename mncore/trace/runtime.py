@@ -1,7 +1,6 @@
 """``mncore.init``: attach a device and choose the execution and precision modes for lazy mode."""
 from __future__ import annotations
 
-
 from mncore import config
 from mncore.config import settings
 from mncore.devices import registry
