@@ -44,6 +44,13 @@ def test_init_freezes_long_lived_objects_unless_told_not_to():
         assert r.stdout.strip() == frozen, r.stderr
 
 
+def _run(code: str, **env: str) -> list:
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", **env}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    return eval(r.stdout.strip().splitlines()[-1])  # noqa: S307 - our own subprocess's printed literal
+
+
 def test_a_repeating_step_freezes_what_is_alive_once():
     """Step 1 compiles, step 2 compiles again (it accumulates into the new .grad), step 3 reuses a
     graph: that is where the objects alive are frozen, once; later steps freeze nothing more (the
@@ -54,9 +61,7 @@ def test_a_repeating_step_freezes_what_is_alive_once():
             "    m(torch.ones(2, 4).mncore()).sum().backward(); mncore.sync(); mncore.wait_device_ops()\n"
             "    rows.append((gc.get_freeze_count(), mncore.metrics.counters()['cache_hits']))\n"
             "print(rows)\n")
-    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-    rows = eval(r.stdout.strip().splitlines()[-1])  # noqa: S307 - our own subprocess's list of int pairs
+    rows = _run(code)
     first_reuse = next(i for i, (_, hits) in enumerate(rows) if hits > 0)
     frozen = [n for n, _ in rows]
     assert all(n <= frozen[0] for n in frozen[:first_reuse])  # nothing new frozen before the reuse
@@ -71,13 +76,6 @@ _GC_STEPS = ("import gc, torch, mncore\nmncore.init_cpu(execution='sync')\nm = t
              "        m(torch.ones(2, 4).mncore()).sum().backward(); mncore.sync(); mncore.wait_device_ops()\n"
              "        rows.append((gc.get_threshold()[0], mncore.metrics.counters()['cache_hits']))\n"
              "steps(4)\n")
-
-
-def _run(code: str, **env: str) -> list:
-    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", **env}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-    assert r.returncode == 0, r.stderr
-    return eval(r.stdout.strip().splitlines()[-1])  # noqa: S307 - our own subprocess's printed literal
 
 
 def test_young_collections_wait_for_the_graph_cut_once_a_step_repeats():
