@@ -30,11 +30,13 @@ so a crash, an OOM or a hang yields a row instead of a lost report.
 """
 from __future__ import annotations
 
+import bisect
 import copy
 import functools
 import gc
 import inspect
 import json
+import math
 import os
 import re
 import statistics
@@ -124,7 +126,15 @@ def probe(backend: Backend) -> str | None:
 
 # -- timeline analysis -----------------------------------------------------------------------------
 def _overlap(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
-    return sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in spans)
+    """Seconds of ``spans`` (sorted and disjoint, as :func:`_union` returns them) inside ``[lo, hi]``;
+    found by bisection, so analysing a long run is not quadratic in its steps."""
+    i = max(bisect.bisect_right(spans, (lo, math.inf)) - 1, 0)
+    total = 0.0
+    while i < len(spans) and spans[i][0] < hi:
+        s, e = spans[i]
+        total += max(0.0, min(e, hi) - max(s, lo))
+        i += 1
+    return total
 
 
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -158,7 +168,8 @@ def analyse(events: list[tuple], bounds: list[float]) -> dict[str, Any]:
     n = len(bounds) - 1
     lo, hi = bounds[0], bounds[-1]
     # the host's own work per step: tracing, or replaying a captured step instead of tracing it
-    trace = [(s, e) for lane, name, s, e, _ in events if lane == "host" and name in ("trace", "replay")]
+    host = [(s, e) for lane, name, s, e, _ in events if lane == "host" and name in ("trace", "replay")]
+    trace = _union(host)
     device_ev = sorted((s, e, a) for lane, _, s, e, a in events if lane == "device" and e > lo)
     device = _union([(s, e) for s, e, _ in device_ev])
     traces = [_overlap(trace, bounds[i], bounds[i + 1]) for i in range(n)]

@@ -687,19 +687,25 @@ def test_autocast_dtype_is_part_of_the_key():
 # ---------------------------------------------------------------------------------------------- 12. betas
 
 
-def test_optimizer_hyperparameters_in_tuples_are_guarded():
-    """20_betas_guard: Adam's betas changed between calls (what OneCycleLR's cycle_momentum does)."""
+@pytest.mark.parametrize("change", ["assigned", "in_place"])
+def test_optimizer_hyperparameters_in_tuples_are_guarded(change: str):
+    """20_betas_guard: Adam's betas changed between calls (what OneCycleLR's cycle_momentum does); or a
+    list of numbers in the group (a scheduler's own entry) changed in place: the guard's cache of
+    unchanged groups must not take the same list object for unchanged values."""
     base, x, y = _linear_problem()
 
     def run(captured: bool):
         model = copy.deepcopy(base).mncore()
         opt = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.01, device="mncore"), capturable=True)
+        opt.param_groups[0]["schedule"] = [0.9]
         step = _sgd_step(model, opt)
         fn = mncore.capture(step) if captured else step
         xd, yd = x.mncore(), y.mncore()
         losses, replayed = [], []
         for i in range(9):
-            if i == 5:
+            if i == 5 and change == "in_place":
+                opt.param_groups[0]["schedule"][0] = 0.5
+            elif i == 5:
                 opt.param_groups[0]["betas"] = (0.5, 0.9)
             loss, r = _call(fn, xd, yd)
             mncore.sync()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pandas as pd
@@ -164,6 +165,17 @@ def test_from_into_another_root_and_publish(tmp_path, monkeypatch):
     # a single report re-rendered from its own directory
     assert cli.main(["report", "models", "--from", str(src / "models")]) == 0
     assert (src / "models" / "report.md").exists()
+
+
+def test_overlap_by_bisection_equals_the_sum_over_every_span():
+    """``perf._overlap`` bisects into the sorted, disjoint spans; the reference sums over all of them."""
+    rng = random.Random(0)
+    for _ in range(200):
+        points = sorted(rng.uniform(0, 100) for _ in range(2 * rng.randint(0, 12)))
+        spans = perf._union(list(zip(points[::2], points[1::2])))
+        lo, hi = sorted(rng.uniform(-10, 110) for _ in range(2))
+        reference = sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in spans)
+        assert perf._overlap(spans, lo, hi) == pytest.approx(reference, rel=1e-12, abs=1e-12)
 
 
 def test_analyse_step_trace_device_idle():

@@ -47,6 +47,7 @@ class World:
         self._tensors: list[torch.Tensor] = []
         self._seen: set[int] = set()
         self._thread: int | None = None
+        self._hyper: dict[int, tuple] = {}  # id(param group) -> (its values, their key, the group: keeps the id valid)
 
     def roots(self, fn: Callable, leaves: list) -> tuple[int, ...]:
         """Find what the call reaches by name (adding it to the world); their identities key the call,
@@ -99,19 +100,41 @@ class World:
         return out
 
     def key(self) -> tuple:
-        """The Python state that changes the traced graph: computed before every call."""
-        training = tuple([m.training for m in (w() for w in self._modules) if m is not None])
-        grads = tuple([(p.requires_grad, p.grad is None) for p in self.params()])
-        return torch.is_grad_enabled(), _autocast(), training, grads
+        """The Python state that changes the traced graph: computed before every call, so in one pass
+        without :meth:`params`' de-duplication (a parameter seen twice is keyed twice, in a fixed order)."""
+        training = []
+        grads = []
+        for w in self._modules:
+            m = w()
+            if m is not None:
+                training.append(m.training)
+                grads += [(p.requires_grad, p.grad is None) for p in m._parameters.values() if p is not None]
+        for w in self._optimizers:
+            opt = w()
+            if opt is not None:
+                for group in opt.param_groups:
+                    grads += [(p.requires_grad, p.grad is None) for p in group["params"]]
+        grads += [(t.requires_grad, t.grad is None) for t in self._tensors]
+        return torch.is_grad_enabled(), _autocast(), tuple(training), tuple(grads)
 
     def hyperparameters(self) -> tuple:
-        """Optimizer hyperparameters held as Python numbers (a tensor ``lr`` is read as a tensor)."""
+        """Optimizer hyperparameters held as Python numbers (a tensor ``lr`` is read as a tensor).
+
+        Checked before every replay: a group whose values are the very objects seen last time (the
+        usual case: nothing assigned to it) reuses the last answer instead of formatting every number."""
         out = []
         for w in self._optimizers:
             opt = w()
             if opt is not None:
                 for g in opt.param_groups:
-                    out.append(tuple(sorted((k, repr(v)) for k, v in g.items() if k != "params" and plain(v))))
+                    values = tuple(g.values())
+                    seen = self._hyper.get(id(g))
+                    if seen is None or len(seen[0]) != len(values) or any(
+                            a is not b or (type(a) is list and a is not g["params"]) for a, b in zip(seen[0], values)):
+                        # a list other than the parameters may change in place: never taken as unchanged
+                        seen = self._hyper[id(g)] = (values, tuple(sorted(
+                            (k, repr(v)) for k, v in g.items() if k != "params" and plain(v))), g)
+                    out.append(seen[1])
         return tuple(out)
 
     @contextlib.contextmanager
