@@ -16,7 +16,6 @@ A measured run writes both wall times, the ratio, the plan and the provenance to
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness import netns
-from harness.results import provenance
+from harness.results import provenance, write_owned_json
 from reports import cluster_plan, tables
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,21 +52,6 @@ def timed_run(cluster: str, args: argparse.Namespace, out: Path) -> float:
     if rc not in (0, 1):  # 1: expectation mismatches (a --models subset, a slow machine), still a full run
         raise SystemExit(f"harness run --cluster {cluster} exited {rc}: see {out.parent / f'{out.name}.log'}")
     return wall
-
-
-def write_results(path: Path, record: dict) -> None:
-    """The run as a results file; never replaces a file this script did not write."""
-    if path.exists():
-        try:
-            mine = json.loads(path.read_text()).get("written_by") == WRITER
-        except (ValueError, AttributeError):
-            mine = False
-        if not mine:
-            raise SystemExit(f"cluster_overhead: {path} exists and was not written by {WRITER}; "
-                             "pass another --results path")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"written_by": WRITER, **record}, indent=1) + "\n")
-    print(f"results: {path}")
 
 
 def show_plan(results: Path, df: pd.DataFrame, cpus_per_node: int, overhead_s: float) -> pd.DataFrame:
@@ -117,13 +101,13 @@ def main() -> int:
         print(f"  ray / local: {ray / local:.3f} (target <= {TARGET})")
         overhead = args.overhead_s if args.overhead_s is not None else max(0.0, (ray - local) / n)
         table = show_plan(root / "ray", cells, args.cpus_per_node, overhead)
-        write_results(args.results, {
+        write_owned_json(args.results, {
             **provenance(), "loadavg_end": list(os.getloadavg()), "command": " ".join(["python", WRITER, *sys.argv[1:]]),
             "models": args.models or "the models tier", "jobs": args.jobs, "steps": args.steps, "threads": threads,
             "cells": n, "local_s": round(local, 1), "ray_s": round(ray, 1), "ratio": round(ray / local, 3),
             "target": TARGET, "cell_wall_s": round(float(cells["wall_s"].sum()), 1),
             "longest_cell_s": round(float(cells["wall_s"].max()), 1), "cpus_per_node": args.cpus_per_node,
-            "overhead_s": round(overhead, 2), "plan": table.to_dict(orient="records")})
+            "overhead_s": round(overhead, 2), "plan": table.to_dict(orient="records")}, WRITER)
     return 0
 
 

@@ -4,9 +4,11 @@ The rows/s of ``pytest -n auto`` over a deterministic sample (``MNCORE_OPTEST_SA
 row): the whole pytest command's wall time, collection and worker start included. Beside it, in the
 same run: the collection alone (``pytest --collect-only``), and with ``--per-row`` the same rows with a
 test item per row (``MNCORE_OPTEST_BATCH=1``, the layout before rows were grouped), so the ratio is
-measured side by side.
+measured side by side. A run writes its figures, the registry's size and the provenance to
+``docs/conformance-results/optest_rate.json`` (``--results``), which ``make figures`` renders into
+``docs/figures.md``.
 
-    python benchmarks/optest_rate.py [--sample 2000] [--workers auto] [--per-row]
+    python benchmarks/optest_rate.py [--sample 2000] [--workers auto] [--per-row] [--results PATH]
 """
 from __future__ import annotations
 
@@ -19,6 +21,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "conformance-results" / "optest_rate.json"
+WRITER = "benchmarks/optest_rate.py"
+TARGET = 40.0  # rows per second with pytest -n auto on the 2-core CI machine
 
 
 def pytest_wall(sample: int, workers: str, batch: int | None, collect_only: bool = False) -> tuple[float, str]:
@@ -44,24 +49,39 @@ def main() -> int:
     ap.add_argument("--sample", type=int, default=2000, help="rows (MNCORE_OPTEST_SAMPLE; 0 = all)")
     ap.add_argument("--workers", default="auto", help="pytest -n value")
     ap.add_argument("--per-row", action="store_true", help="also run the same rows with a test item per row")
+    ap.add_argument("--results", type=Path, default=RESULTS, help=f"results file to write (default {RESULTS})")
     a = ap.parse_args()
     from harness import optests
+    from harness.results import provenance, write_owned_json
+    from harness.registry_cmd import DEFAULT_PATH
+    from shape_registry import Registry
 
+    start = provenance()
     rows = len(optests.rows(a.sample))
     where = f"measured wall time, pfvm:cpu, {os.cpu_count()} cores"
     wall, tail = pytest_wall(a.sample, a.workers, None, collect_only=True)
     print(f"collection: {tail} in {wall:.1f} s ({where})")
     runs = [("rows grouped per op (MNCORE_OPTEST_BATCH default)", None)] + \
         ([("a test item per row (MNCORE_OPTEST_BATCH=1)", 1)] if a.per_row else [])
-    rates = []
+    collection = {"wall_s": round(wall, 1), "pytest": tail}
+    rates, measured = [], []
     for label, batch in runs:
         wall, tail = pytest_wall(a.sample, a.workers, batch)
         rates.append(rows / wall)
+        measured.append({"layout": label, "batch": batch, "wall_s": round(wall, 1), "rows_per_s": round(rates[-1], 1),
+                         "pytest": tail})
         print(f"{label}: pytest: {tail}")
         print(f"generated op tests: {rows} rows in {wall:.1f} s with pytest -n {a.workers} = {rates[-1]:.1f} rows/s "
               f"({where})")
     if len(rates) == 2:
         print(f"grouped / per-row: {rates[0] / rates[1]:.2f}x rows/s (same rows, same run)")
+    registry = Registry.load(DEFAULT_PATH)
+    write_owned_json(a.results, {
+        **start, "loadavg_end": list(os.getloadavg()), "command": " ".join(["python", WRITER, *sys.argv[1:]]),
+        "sample": a.sample, "rows": rows, "registry_rows": len(registry),
+        "registry_ops": len({e.op for e in registry}),
+        "workers": a.workers, "time": where, "collection": collection, "runs": measured, "target_rows_per_s": TARGET,
+    }, WRITER)
     return 0
 
 

@@ -44,6 +44,21 @@ def provenance() -> dict[str, Any]:
             "when": datetime.now().isoformat(timespec="seconds"), "loadavg_start": list(os.getloadavg())}
 
 
+def write_owned_json(path: Path, record: dict[str, Any], writer: str) -> None:
+    """A benchmark's results file (``record`` stamped ``written_by: writer``); never replaces a file that
+    ``writer`` did not write (the user's own file at that path stays, and the message names the option)."""
+    if path.exists():
+        try:
+            mine = json.loads(path.read_text()).get("written_by") == writer
+        except (ValueError, AttributeError):
+            mine = False
+        if not mine:
+            raise SystemExit(f"{writer}: {path} exists and was not written by {writer}; pass another --results path")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"written_by": writer, **record}, indent=1) + "\n")
+    print(f"results: {path}")
+
+
 class ResultsWriter:
     """The three files of one run, written as it goes: each row is appended to ``results.jsonl`` (and
     flushed) when its cell finishes, so an interrupted or killed run keeps what finished; ``close``

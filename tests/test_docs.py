@@ -3,6 +3,7 @@ committed results files, no other page hand-writes a measured figure that the re
 link points at a file of this repository, and every term the README uses is in the glossary."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -148,3 +149,43 @@ def test_the_cluster_section_renders_the_benchmarks_results_file(tmp_path):
     slow = {**json.loads(path.read_text()), "ray_s": 400.0, "ratio": 1.333}
     path.write_text(json.dumps(slow))
     assert "| 1.333 | ≤ 1.15 | NOT met |" in "\n".join(figures.cluster_section(path))
+
+
+def test_the_optest_section_renders_the_benchmarks_results_file(tmp_path):
+    """``benchmarks/optest_rate.py`` writes a results file; figures.md shows each layout's rows per second
+    judged against the target, says when the rate is a sample's, and names where it was measured."""
+    import json
+
+    path = tmp_path / "optest_rate.json"
+    record = {
+        "written_by": "benchmarks/optest_rate.py", "when": "2026-12-02T01:00:00", "commit": "abc1234",
+        "machine": "x86_64, 2 cores", "loadavg_start": [0.5, 1, 1], "loadavg_end": [2.0, 1, 1],
+        "command": "python benchmarks/optest_rate.py --sample 1500 --per-row", "sample": 1500, "rows": 1500,
+        "registry_rows": 20659, "registry_ops": 205, "workers": "auto",
+        "time": "measured wall time, pfvm:cpu, 2 cores", "collection": {"wall_s": 11.6, "pytest": "collected"},
+        "runs": [{"layout": "grouped", "batch": None, "wall_s": 30.0, "rows_per_s": 50.0, "pytest": "ok"},
+                 {"layout": "per row", "batch": 1, "wall_s": 100.0, "rows_per_s": 15.0, "pytest": "ok"}],
+        "target_rows_per_s": 40.0}
+    path.write_text(json.dumps(record))
+    text = "\n".join(figures.optest_section(path))
+    assert "| grouped | 1,500 | 30.0 s | 50.0 | ≥ 40 | met (on a sample) | ok |" in text
+    assert "| per row | 1,500 | 100.0 s | 15.0 | ≥ 40 | NOT met (on a sample) | ok |" in text
+    assert "20,659 rows over 205 distinct ops" in text and "commit `abc1234`" in text
+    assert "load average 0.5, 2.0" in text and "`MNCORE_OPTEST_SAMPLE=1500`" in text
+    path.write_text(json.dumps({**record, "sample": 0, "rows": 20659}))
+    whole = "\n".join(figures.optest_section(path))
+    assert "every row of the shape registry" in whole and "| grouped | 20,659 | 30.0 s | 50.0 | ≥ 40 | met |" in whole
+
+
+def test_a_benchmark_never_replaces_a_results_file_it_did_not_write(tmp_path):
+    from harness.results import write_owned_json
+
+    theirs = tmp_path / "results.json"
+    theirs.write_text('{"mine": true}')
+    with pytest.raises(SystemExit, match="was not written by benchmarks/x.py; pass another --results path"):
+        write_owned_json(theirs, {"rate": 1}, "benchmarks/x.py")
+    assert theirs.read_text() == '{"mine": true}'
+    ours = tmp_path / "sub" / "ours.json"
+    write_owned_json(ours, {"rate": 1}, "benchmarks/x.py")
+    write_owned_json(ours, {"rate": 2}, "benchmarks/x.py")  # its own file: replaced
+    assert json.loads(ours.read_text()) == {"written_by": "benchmarks/x.py", "rate": 2}
