@@ -120,8 +120,8 @@ def optest_section(path: Path) -> list[str]:
                           "verdict": ("met" if run["rows_per_s"] >= r["target_rows_per_s"] else "NOT met")
                           + ("" if whole else " (on a sample)"), "pytest": run["pytest"]} for run in r["runs"]])
     load = ", ".join(f"{x:.1f}" for x in r.get("loadavg_start", [])[:1] + r.get("loadavg_end", [])[:1])
-    which = ("every row" if whole
-             else f"the deterministic sample of {r['rows']:,} rows (`MNCORE_OPTEST_SAMPLE={r['sample']}`)")
+    which = ("Every row" if whole
+             else f"The deterministic sample of {r['rows']:,} rows (`MNCORE_OPTEST_SAMPLE={r['sample']}`)")
     return ["## Generated op tests: rows per second (`tests/test_generated_ops.py`, pfvm:cpu)", "",
             f"{which} of the shape registry ({r['registry_rows']:,} rows over {r['registry_ops']} distinct ops), "
             f"`pytest -n {r['workers']}`, {r['time']}: the whole pytest command, collection and worker start "

@@ -174,7 +174,7 @@ def test_the_optest_section_renders_the_benchmarks_results_file(tmp_path):
     assert "load average 0.5, 2.0" in text and "`MNCORE_OPTEST_SAMPLE=1500`" in text
     path.write_text(json.dumps({**record, "sample": 0, "rows": 20659}))
     whole = "\n".join(figures.optest_section(path))
-    assert "every row of the shape registry" in whole and "| grouped | 20,659 | 30.0 s | 50.0 | ≥ 40 | met |" in whole
+    assert "Every row of the shape registry" in whole and "| grouped | 20,659 | 30.0 s | 50.0 | ≥ 40 | met |" in whole
 
 
 def test_a_benchmark_never_replaces_a_results_file_it_did_not_write(tmp_path):
