@@ -188,7 +188,7 @@ def _plan(done: Submitted | None, rec: Recording, call: _Call, out_storages: set
         elif id(leaf) in written:
             bindings.append(target(written[id(leaf)]))
         else:
-            owners = [s for s in (w() for w in leaf.owners) if s is not None and s.value[0] is leaf]
+            owners = [s for s in (w() for w in leaf.holders()) if s is not None and s.value[0] is leaf]
             grad_owner = next((s for s in owners if id(s) in grads), None)
             if grad_owner is not None:
                 bindings.append(target(grad_owner))

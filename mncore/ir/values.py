@@ -67,11 +67,11 @@ class Data:
     is set then (or ``error`` is stored), so host reads wait only for the graph they need.
     ``fallback`` is the value the leaf replaces (an in-place update's previous value): if the
     job fails, readers get that value instead of the error; the worker drops it on success.
-    ``owners`` are weak references to the storages that took this value: a captured step binds a
+    The storages that took this value are kept weakly (:meth:`holders`): a captured step binds a
     leaf it read to whatever holds it at replay, not to the buffer it read once.
     """
 
-    __slots__ = ("bid", "meta", "ready", "error", "graph", "on_board", "fallback", "owners", "__weakref__")
+    __slots__ = ("bid", "meta", "ready", "error", "graph", "on_board", "fallback", "_owners", "__weakref__")
 
     def __init__(self, meta: TensorMeta, tensor: Any = None, ready: Latch | None = None):
         self.bid = next(buffers.ids)
@@ -80,7 +80,7 @@ class Data:
         self.graph: str | None = None
         self.on_board = False  # simulated devices: whether its host->device copy was already modelled
         self.fallback: Data | None = None
-        self.owners: tuple = ()
+        self._owners: Any = None  # None, one weak reference (nearly always), or a tuple of them
         if tensor is not None:
             buffers.put(self.bid, tensor)
             self.ready = None
@@ -88,8 +88,16 @@ class Data:
             self.ready = ready or Latch()  # the outputs of one job share their job's latch
 
     def own(self, storage: Any) -> None:
-        """``storage`` now holds this value (kept weakly)."""
-        self.owners = self.owners + (weakref.ref(storage),)
+        """``storage`` now holds this value (kept weakly). One owner is kept without a tuple around it:
+        a replayed step writes hundreds of values, and each tuple is one more object for the collector."""
+        ref = weakref.ref(storage)
+        owners = self._owners
+        self._owners = ref if owners is None else (owners, ref) if type(owners) is weakref.ref else owners + (ref,)
+
+    def holders(self) -> tuple:
+        """Weak references to the storages that took this value, oldest first."""
+        owners = self._owners
+        return () if owners is None else (owners,) if type(owners) is weakref.ref else owners
 
     def wait(self) -> Any:
         """Block until the buffer exists, then return it (re-raising a worker error, unless the
