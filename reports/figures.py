@@ -90,6 +90,14 @@ def conformance_section(path: Path) -> list[str]:
             tables.to_markdown(pd.DataFrame(rows)), ""]
 
 
+def _measured(r: dict) -> str:
+    """When, where and by which command a benchmark's results file (``harness.results.write_owned_json``)
+    was measured, with the load at its start and end, as one sentence."""
+    load = ", ".join(f"{x:.1f}" for x in r.get("loadavg_start", [])[:1] + r.get("loadavg_end", [])[:1])
+    return (f"Measured {r['when']} at commit `{r['commit']}` on {r['machine']} (1-minute load average {load} at "
+            f"the start and end); command `{r['command']}`.")
+
+
 def cluster_section(path: Path) -> list[str]:
     """``--cluster ray`` against ``--cluster local`` on one machine, and the plan on more nodes from it."""
     r = json.loads(path.read_text())
@@ -97,12 +105,10 @@ def cluster_section(path: Path) -> list[str]:
     runs = pd.DataFrame([{"cells": r["cells"], "`--cluster local`": f"{r['local_s']:.1f} s",
                           "`--cluster ray`": f"{r['ray_s']:.1f} s", "ray / local": f"{r['ratio']:.3f}",
                           "target": f"≤ {r['target']:.2f}", "verdict": verdict}])
-    load = ", ".join(f"{x:.1f}" for x in r.get("loadavg_start", [])[:1] + r.get("loadavg_end", [])[:1])
     return ["## Ray cluster overhead (`harness run --tier models`, pfvm:cpu)", "",
             f"{r['models']}, `--steps {r['steps']} --jobs {r['jobs']}`, {r['threads']}; measured wall time of each "
-            f"whole command, one after the other (the Ray run starts and stops its embedded cluster). Measured "
-            f"{r['when']} at commit `{r['commit']}` on {r['machine']} (1-minute load average {load} at the start "
-            f"and end); command `{r['command']}`.", "",
+            f"whole command, one after the other (the Ray run starts and stops its embedded cluster). "
+            + _measured(r), "",
             tables.to_markdown(runs), "",
             f"The tier on more nodes, simulated from the Ray run's cells ({r['cell_wall_s']:.0f} s of cell wall time, "
             f"the longest {r['longest_cell_s']:.0f} s; {r['cpus_per_node']} cells at a time per node, "
@@ -119,15 +125,12 @@ def optest_section(path: Path) -> list[str]:
                           "rows/s": f"{run['rows_per_s']:.1f}", "target": f"≥ {r['target_rows_per_s']:.0f}",
                           "verdict": ("met" if run["rows_per_s"] >= r["target_rows_per_s"] else "NOT met")
                           + ("" if whole else " (on a sample)"), "pytest": run["pytest"]} for run in r["runs"]])
-    load = ", ".join(f"{x:.1f}" for x in r.get("loadavg_start", [])[:1] + r.get("loadavg_end", [])[:1])
     which = ("Every row" if whole
              else f"The deterministic sample of {r['rows']:,} rows (`MNCORE_OPTEST_SAMPLE={r['sample']}`)")
     return ["## Generated op tests: rows per second (`tests/test_generated_ops.py`, pfvm:cpu)", "",
             f"{which} of the shape registry ({r['registry_rows']:,} rows over {r['registry_ops']} distinct ops), "
             f"`pytest -n {r['workers']}`, {r['time']}: the whole pytest command, collection and worker start "
-            f"included (collection alone: {r['collection']['wall_s']:.1f} s). Measured {r['when']} at commit "
-            f"`{r['commit']}` on {r['machine']} (1-minute load average {load} at the start and end); command "
-            f"`{r['command']}`.", "",
+            f"included (collection alone: {r['collection']['wall_s']:.1f} s). " + _measured(r), "",
             tables.to_markdown(runs), ""]
 
 
