@@ -74,48 +74,30 @@ class World:
             self._seen.add(id(obj))
             self._tensors.append(obj)
 
+    def _each_param(self) -> Iterator[torch.Tensor]:
+        """Every parameter of the world's modules and optimizers, then its own tensors; one reached
+        twice (a module's and an optimizer's) comes twice."""
+        for w in self._modules:
+            m = w()
+            if m is not None:
+                yield from (p for p in m._parameters.values() if p is not None)
+        for w in self._optimizers:
+            opt = w()
+            if opt is not None:
+                for group in opt.param_groups:
+                    yield from group["params"]
+        yield from self._tensors
+
     def params(self) -> list[torch.Tensor]:
         """Every parameter of the world's modules and optimizers, and its own tensors, once each."""
-        out: list[torch.Tensor] = []
-        seen: set[int] = set()
-        for w in self._modules:
-            m = w()
-            if m is not None:
-                for p in m._parameters.values():
-                    if p is not None and id(p) not in seen:
-                        seen.add(id(p))
-                        out.append(p)
-        for w in self._optimizers:
-            opt = w()
-            if opt is not None:
-                for group in opt.param_groups:
-                    for p in group["params"]:
-                        if id(p) not in seen:
-                            seen.add(id(p))
-                            out.append(p)
-        for t in self._tensors:
-            if id(t) not in seen:
-                seen.add(id(t))
-                out.append(t)
-        return out
+        return list({id(p): p for p in self._each_param()}.values())
 
     def key(self) -> tuple:
-        """The Python state that changes the traced graph: computed before every call, so in one pass
-        without :meth:`params`' de-duplication (a parameter seen twice is keyed twice, in a fixed order)."""
-        training = []
-        grads = []
-        for w in self._modules:
-            m = w()
-            if m is not None:
-                training.append(m.training)
-                grads += [(p.requires_grad, p.grad is None) for p in m._parameters.values() if p is not None]
-        for w in self._optimizers:
-            opt = w()
-            if opt is not None:
-                for group in opt.param_groups:
-                    grads += [(p.requires_grad, p.grad is None) for p in group["params"]]
-        grads += [(t.requires_grad, t.grad is None) for t in self._tensors]
-        return torch.is_grad_enabled(), _autocast(), tuple(training), tuple(grads)
+        """The Python state that changes the traced graph: computed before every call, so without
+        :meth:`params`' de-duplication (a parameter reached twice is keyed twice, in a fixed order)."""
+        training = tuple([m.training for m in (w() for w in self._modules) if m is not None])
+        grads = tuple([(p.requires_grad, p.grad is None) for p in self._each_param()])
+        return torch.is_grad_enabled(), _autocast(), training, grads
 
     def hyperparameters(self) -> tuple:
         """Optimizer hyperparameters held as Python numbers (a tensor ``lr`` is read as a tensor).
