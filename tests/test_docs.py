@@ -132,8 +132,6 @@ def test_readme_explains_its_terms_and_cites_sources_by_name():
 def test_the_cluster_section_renders_the_benchmarks_results_file(tmp_path):
     """``benchmarks/cluster_overhead.py`` writes a results file; figures.md shows its two wall times, the
     ratio judged against the target, and the plan, with where and when it was measured."""
-    import json
-
     path = tmp_path / "results.json"
     path.write_text(json.dumps({
         "written_by": "benchmarks/cluster_overhead.py", "when": "2026-12-01T19:00:00", "commit": "abc1234",
@@ -154,8 +152,6 @@ def test_the_cluster_section_renders_the_benchmarks_results_file(tmp_path):
 def test_the_optest_section_renders_the_benchmarks_results_file(tmp_path):
     """``benchmarks/optest_rate.py`` writes a results file; figures.md shows each layout's rows per second
     judged against the target, says when the rate is a sample's, and names where it was measured."""
-    import json
-
     path = tmp_path / "optest_rate.json"
     record = {
         "written_by": "benchmarks/optest_rate.py", "when": "2026-12-02T01:00:00", "commit": "abc1234",
