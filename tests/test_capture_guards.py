@@ -1083,3 +1083,30 @@ def test_an_object_argument_made_anew_each_call_warns_once_that_keys_churn():
     msgs = w.capture
     assert len(msgs) == 1, msgs
     assert "_ObjectBatch object, keyed by identity" in msgs[0] and "pytree" in msgs[0], msgs[0]
+
+
+def test_the_world_key_tells_every_requires_grad_and_grad_state_apart():
+    """The call key's part for a parameter is one small int: each of the four (requires_grad, has a
+    ``.grad``) states must give another key, the same state an equal one, and a parameter set to None
+    in its module is skipped (not an error)."""
+    from mncore.capture.world import World
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1)).mncore()
+    model[1].bias = None
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    world = World()
+    world.add(model)
+    world.add(opt)
+    w = model[0].weight
+    keys = {}
+    for requires_grad in (False, True):
+        for has_grad in (False, True):
+            w.requires_grad_(requires_grad)
+            w.grad = torch.zeros(2, 3).mncore() if has_grad else None
+            keys[requires_grad, has_grad] = world.key()
+            assert world.key() == keys[requires_grad, has_grad]
+    assert len(set(keys.values())) == 4
+    # the weight is reached through its module and through the optimizer: keyed twice, in a fixed order
+    assert sum(p is w for p in world.params()) == 1
+    model.train(False)
+    assert world.key() != keys[True, True]

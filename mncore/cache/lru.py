@@ -10,7 +10,10 @@ from mncore import config
 class LRUCache:
     """Bounded mapping; the least recently used executable is dropped first.
 
-    The bound is ``capacity`` or, when None, ``MNCORE_CACHE_SIZE`` read at each insertion.
+    The bound is ``capacity`` or, when None, ``MNCORE_CACHE_SIZE`` read at each insertion. Each entry
+    keeps its own key beside its value: a hit moves the entry by that stored key, which the dict finds
+    by identity, so the new key is compared with the stored one once per look-up, not twice (for a
+    graph key that comparison walks every node).
     """
 
     def __init__(self, capacity: int | None = None):
@@ -18,20 +21,21 @@ class LRUCache:
         self._d: OrderedDict = OrderedDict()
 
     def get(self, key: Any) -> Any:
-        v = self._d.get(key)
-        if v is not None:
-            self._d.move_to_end(key)
-        return v
+        hit = self._d.get(key)
+        if hit is None:
+            return None
+        self._d.move_to_end(hit[0])
+        return hit[1]
 
     def put(self, key: Any, value: Any) -> None:
-        self._d[key] = value
-        self._d.move_to_end(key)
+        self._d.pop(key, None)  # a replaced entry keeps no other key object than the one stored with it
+        self._d[key] = (key, value)
         capacity = self.capacity or config.get("cache_size")
         while len(self._d) > capacity:
             self._d.popitem(last=False)
 
     def values(self) -> list:
-        return list(self._d.values())
+        return [v for _, v in self._d.values()]
 
     def __len__(self) -> int:
         return len(self._d)

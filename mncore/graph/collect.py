@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 from mncore.ir.values import Data, Node, Scalar
+
+_SEQ = attrgetter("seq")  # trace order
 
 
 @dataclass(eq=False)
@@ -26,20 +29,23 @@ def collect(refs: list[tuple]) -> Collected:
     None for a lifted scalar.
     """
     seen: set = set()
+    visit = seen.add
     order: list[Node] = []
+    keep = order.append
     stack = [r[0] for r in refs]
-    while stack:
-        n = stack.pop()
+    pop, push = stack.pop, stack.append
+    while stack:  # every name bound once above: this loop runs once per node of every traced step
+        n = pop()
         if id(n) in seen:
             continue
-        seen.add(id(n))
-        order.append(n)
+        visit(id(n))
+        keep(n)
         for ref in n.inputs:
             if type(ref) is tuple:
                 p = ref[0]
                 if type(p) is Node and id(p) not in seen:
-                    stack.append(p)
-    order.sort(key=lambda n: n.seq)
+                    push(p)
+    order.sort(key=_SEQ)
     local: dict[int, int] = {}
     leaf_idx: dict[int, int] = {}
     leaves: list[Data] = []
@@ -49,7 +55,7 @@ def collect(refs: list[tuple]) -> Collected:
         local[id(n)] = j
         codes = []
         for ref in n.inputs:
-            if isinstance(ref, Scalar):
+            if type(ref) is not tuple:  # a lifted scalar (or seed); every other input is a (value, index) pair
                 scalars.append(ref)
                 codes.append(None)
                 continue
