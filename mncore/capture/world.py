@@ -78,8 +78,8 @@ class World:
         """The parameter collections of the world's modules (their ``_parameters`` values, where None
         stands for a parameter set to None) and optimizers (each group's list), then its own tensors;
         a parameter reached twice (a module's and an optimizer's) is in two of them. Collections, not a
-        generator: the key reads every parameter before every call, and one comprehension over these
-        costs half what a generator's ``yield from`` does."""
+        generator: the key reads every parameter before every call, and a comprehension over these is
+        cheaper than resuming a generator per parameter."""
         lists: list = [m._parameters.values() for m in (w() for w in self._modules) if m is not None]
         for w in self._optimizers:
             opt = w()

@@ -34,7 +34,7 @@ def collect(refs: list[tuple]) -> Collected:
     keep = order.append
     stack = [r[0] for r in refs]
     pop, push = stack.pop, stack.append
-    while stack:  # every name bound once above: this loop runs once per node of every traced step
+    while stack:  # once per node of every traced step: the methods above are looked up once
         n = pop()
         if id(n) in seen:
             continue
