@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -207,6 +209,32 @@ def test_resume_continues_a_campaign_and_keeps_its_results(tmp_path: Path) -> No
     assert [r["case"] for r in rows] == [c.to_json() for c in plan(Config(seed=5, ops=ops), 5)]  # seed 5, not 99
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["cases_run"] == 5 and sum(s["outcomes"].values()) == 5
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_local_campaign_stopped_by_a_signal_keeps_its_cases_and_resumes(tmp_path: Path, sig: int) -> None:
+    """Ctrl-C (or SIGTERM) in the middle of a local campaign: the cases that ended stay in the results, the
+    summary counts exactly those and names the signal, the exit status is the shell's 128 + signal, and
+    ``--resume`` goes on with the next case."""
+    ops = "aten.add.Tensor,aten.sigmoid.default"
+    proc = _start(tmp_path, "--seconds", "600", "--cases", "100000", "--seed", "5", "--ops", ops)
+    results = tmp_path / "results.jsonl"
+    deadline = time.monotonic() + 120
+    while not (results.exists() and len(results.read_text().splitlines()) >= 3):
+        assert proc.poll() is None and time.monotonic() < deadline, "the campaign ran no cases"
+        time.sleep(0.2)
+    proc.send_signal(sig)
+    done, s = _finish(proc, tmp_path)
+    assert done.returncode == 128 + sig, done.stderr[-3000:]
+    assert s["interrupted"] == signal.Signals(sig).name and "--resume" in done.stderr
+    rows = _results(tmp_path)
+    assert s["cases_run"] == len(rows) == sum(s["outcomes"].values()) >= 3
+    assert [r["index"] for r in rows] == list(range(len(rows)))
+    again = subprocess.run([sys.executable, "-m", "harness.cli", "fuzz", "--resume", str(tmp_path), "--seconds", "600",
+                            "--cases", "1"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=180)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [r["index"] for r in _results(tmp_path)] == list(range(len(rows) + 1))
+    assert [r["case"] for r in _results(tmp_path)] == [c.to_json() for c in plan(Config(seed=5, ops=ops), len(rows) + 1)]
 
 
 def test_default_out_is_a_fresh_directory_per_campaign(tmp_path: Path, monkeypatch) -> None:

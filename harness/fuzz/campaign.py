@@ -193,8 +193,9 @@ class Campaign:
         bar = _Bar(cfg.cases, cfg.progress)
         todo = (i for i in itertools.count() if i not in done)
         new = 0
+        stopped: Interrupted | None = None
         try:
-            with (self.out / "results.jsonl").open("a") as results:
+            with signals_raise(), (self.out / "results.jsonl").open("a") as results:
                 while (cfg.cases is None or new < cfg.cases) and time.monotonic() < deadline:
                     n = next(todo)
                     case = generate(rows, cfg.seed, n, cfg.max_numel)
@@ -204,11 +205,14 @@ class Campaign:
                     if sig and res["status"] != "known":
                         self._failure(sig, case, res, worker, findings)
                     bar.update(new, time.monotonic() - t_fuzz, len(self.stats.failures))
+        except Interrupted as e:  # Ctrl-C or SIGTERM: the cases that ended are in the results; summarize them
+            stopped = e
         finally:
             bar.close()
             worker.close()
         elapsed = time.monotonic() - t_start
-        summary = self.summary(len(done) + new, new, elapsed, time.monotonic() - t_fuzz, startup_s, rows, worker.starts)
+        summary = self.summary(len(done) + new, new, elapsed, time.monotonic() - t_fuzz, startup_s, rows, worker.starts,
+                               interrupted=stopped and stopped.name)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         return summary
 
@@ -406,7 +410,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"{len(s['lost'])} cell(s) of the campaign ended without a result (exit 1): --resume {cfg.out} runs "
               "the cases they had", file=sys.stderr)
     if s.get("interrupted"):
-        print(f"interrupted by {s['interrupted']}: the finished shards' cases are in the results", file=sys.stderr)
+        print(f"interrupted by {s['interrupted']}: the cases that finished are in the results and the summary "
+              f"(--resume {cfg.out} runs the rest)", file=sys.stderr)
         return 128 + signal.Signals[s["interrupted"]].value
     if s["failures"]:
         print(f"new findings fail the run (exit 1): fix them, or, if one is not a bug, add its signature and the "
