@@ -39,13 +39,16 @@ TOLERANCE_REASON = "model level: float32 summation order differs (foreach vs for
 # with gradients and optimizer state), the third records again and agrees with the second.
 CAPTURE_WARMUP = 3
 _DROPOUT_ATTRS = ("dropout", "attention_dropout", "activation_dropout", "attn_dropout", "hidden_dropout",
-                  "dropout_p", "layerdrop", "dropout_rate", "drop_prob")  # drop_prob: transformers' DropPath layers
+                  "dropout_p", "layerdrop", "dropout_rate",
+                  "drop_prob",  # transformers' DropPath layers
+                  "jitter_noise")  # mixture-of-experts routers (Switch, Mixtral) scale their input by uniform noise
 
 
 def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
-    """Random streams differ between eager CPU and the device, so accuracy runs switch off what drops values
-    at random: dropout layers, stochastic depth (torchvision's ``StochasticDepth``, transformers' DropPath
-    modules, which drop whole residual branches per sample) and the rates modules keep as attributes."""
+    """Random streams differ between eager CPU and the device, so accuracy runs switch off what is random in
+    training: dropout layers, stochastic depth (torchvision's ``StochasticDepth``, transformers' DropPath
+    modules, which drop whole residual branches per sample), router jitter noise, and the rates modules keep
+    as attributes."""
     from torchvision.ops import StochasticDepth  # here: the CLI starts without importing torchvision
 
     for m in model.modules():
