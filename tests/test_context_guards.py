@@ -184,3 +184,29 @@ def test_data_dependent_shape_is_not_compilable(ctx, tmp_path):
     with pytest.raises(NotCompilableError, match=r"guards\.py:\d+ in route: its output shape is not known"):
         ctx.compile(route, {"x": torch.randn(5, 4)}, tmp_path / "route")
     assert type(model.weight) is torch.nn.Parameter and model.weight.device.type == "cpu"
+
+
+def test_data_dependent_shape_in_backward_is_not_compilable_too(ctx, tmp_path):
+    """The same refusal when the op is in backward (``hf_speecht5``'s boolean-mask ``index``): autograd turns
+    an error in backward into a ``RuntimeError`` of its own; the Context API raises the op's error instead."""
+    model, _ = _models()
+    _registered(ctx, model)
+
+    class PositiveOnly(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx_, h):
+            return h * 2
+
+        @staticmethod
+        def backward(ctx_, g):
+            return g * g[g > 0].numel()  # boolean indexing in backward: its shape depends on values
+
+    def step(i: dict) -> dict:
+        loss = PositiveOnly.apply(model(i["x"])).sum()
+        loss.backward()
+        return {"loss": loss}
+
+    with pytest.raises(NotCompilableError, match=r"index\.Tensor at .*: its output shape is not known") as info:
+        ctx.compile(step, {"x": torch.randn(5, 4)}, tmp_path / "step")
+    assert "Unable to cast" not in str(info.value)
+    assert type(model.weight) is torch.nn.Parameter and model.weight.device.type == "cpu"

@@ -37,6 +37,7 @@ from mncore.ir.meta import TensorMeta, meta_of
 from mncore.ir.values import Data, Node, Seed
 from mncore.observe import metrics
 from mncore.trace import graph_for, rng
+from mncore.trace.backward import forget_frames, take_failure
 from mncore.trace.record import upload, value_of
 from mncore.trace.state import separate_trace
 from mncore.trace.tensor import LazyTensor, Storage
@@ -491,10 +492,7 @@ class _Trace:
         except BaseException as e:  # noqa: BLE001 - re-raised below, after the host tensors are back
             failure = e
             note = "".join(traceback.format_exception(e))
-            chained: BaseException | None = e
-            while chained is not None:  # their frames pin the swapped tensors (autograd graphs, locals)
-                chained.__traceback__ = None
-                chained = chained.__cause__ or chained.__context__
+            forget_frames(e)  # their frames pin the swapped tensors (autograd graphs, locals)
             e.add_note(f"traceback of the compile-time failure:\n{note}")
             gc.collect()
         finally:
@@ -514,6 +512,11 @@ class _Trace:
             out = function(lazy_inputs)
         except ImplicitSyncError as e:  # a write into an unregistered host tensor (host reads become guards)
             raise RuntimeError(f"a compiled function runs on the device, and {e}") from None
+        except RuntimeError as e:  # an op that failed in backward: autograd reports it as a RuntimeError
+            cause = take_failure(e)  # raise the op's own error (a NotCompilableError says the step cannot compile)
+            if cause is None:
+                raise
+            raise cause from None
         self._check_optimizers()
         outs = self._outputs(out)
         states = {name: (obj.mn_storage.value, obj.mn_storage.meta) for name, obj in self.twins.items()
