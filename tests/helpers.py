@@ -104,3 +104,19 @@ def fake_run_models(rows: list) -> Callable:
         return rows
 
     return run_models
+
+
+def doubling_with_backward(backward: Callable[[torch.Tensor], torch.Tensor]) -> type[torch.autograd.Function]:
+    """An autograd Function whose forward doubles its input and whose backward is ``backward(grad)``: the
+    tests' way to put a chosen op (a failing one, a data-dependent one) into backward only."""
+
+    class Doubling(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return backward(g)
+
+    return Doubling

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from mncore import config
 from mncore.context import Context, MNCoreSGD, MNDevice, set_buffer_name_in_optimizer, set_tensor_name_in_module
 from mncore.errors import GuardError, NotCompilableError
-from tests.helpers import dict_train_step
+from tests.helpers import dict_train_step, doubling_with_backward
 
 pytestmark = pytest.mark.unit
 RTOL, ATOL = 1e-5, 1e-6  # float32: same kernels, only summation order may differ
@@ -192,14 +192,7 @@ def test_data_dependent_shape_in_backward_is_not_compilable_too(ctx, tmp_path):
     model, _ = _models()
     _registered(ctx, model)
 
-    class PositiveOnly(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx_, h):
-            return h * 2
-
-        @staticmethod
-        def backward(ctx_, g):
-            return g * g[g > 0].numel()  # boolean indexing in backward: its shape depends on values
+    PositiveOnly = doubling_with_backward(lambda g: g * g[g > 0].numel())  # boolean indexing: value-dependent shape
 
     def step(i: dict) -> dict:
         loss = PositiveOnly.apply(model(i["x"])).sum()

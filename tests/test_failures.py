@@ -17,6 +17,7 @@ import torch
 import mncore
 from mncore.context import Context, MNDevice, prepare_for_compile, set_buffer_name_in_optimizer, \
     set_tensor_name_in_module
+from tests.helpers import doubling_with_backward
 
 
 class Embedder(torch.nn.Module):
@@ -255,15 +256,7 @@ def test_backward_errors_are_python_exceptions_not_an_abort(tmp_path):
 
 
 def test_error_in_backward_on_pfvm_reaches_the_caller():
-    class Broken(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            return g @ torch.ones(7, 7, device=g.device)  # a shape error in the user's backward
-
+    Broken = doubling_with_backward(lambda g: g @ torch.ones(7, 7, device=g.device))  # a shape error in backward
     x = torch.ones(3).mncore().requires_grad_()
     with pytest.raises(RuntimeError, match=r"aten.mm.default failed during backward with RuntimeError"):
         Broken.apply(x).sum().backward()
