@@ -40,3 +40,21 @@ def signals_raise() -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Inside ``signals_raise``: a SIGINT or SIGTERM that arrives within the block is raised when the block
+    ends, so that what the block writes is written whole (a result line together with its counters)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _frame: got.append(signum)) for s in SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if got:
+        raise Interrupted(got[0])

@@ -108,3 +108,22 @@ def test_children_die_when_the_parent_is_killed(tmp_path):
     finally:
         parent.kill()
         parent.wait()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_inside_a_deferred_block_is_raised_when_the_block_ends(sig):
+    """What a deferred block writes is written whole: the signal waits for the end of the block, is raised
+    there as ``Interrupted``, and the raising handlers are back afterwards."""
+    from harness.interrupt import Interrupted, deferred, signals_raise
+
+    done = []
+    with signals_raise():
+        with pytest.raises(Interrupted) as info:
+            with deferred():
+                os.kill(os.getpid(), sig)
+                time.sleep(0.05)  # a handler that raised would have interrupted the block by now
+                done.append("the rest of the block")
+        assert done == ["the rest of the block"] and info.value.signum == sig
+        with pytest.raises(Interrupted):  # outside the block a signal raises at once again
+            os.kill(os.getpid(), sig)
+            time.sleep(1)

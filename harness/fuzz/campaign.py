@@ -36,7 +36,7 @@ from harness.fuzz.findings import Findings, signature
 from harness.fuzz.mutate import generate, seed_rows
 from harness.fuzz.shrink import shrink
 from harness.fuzz.worker import Worker, WorkerSetupError
-from harness.interrupt import Interrupted, signals_raise
+from harness.interrupt import Interrupted, deferred, signals_raise
 from harness.registry_cmd import DEFAULT_PATH
 from shape_registry import Registry
 
@@ -200,8 +200,9 @@ class Campaign:
                     n = next(todo)
                     case = generate(rows, cfg.seed, n, cfg.max_numel)
                     res = worker.run(case.to_json())
-                    sig = self.record(results, case, res, known)
-                    new += 1
+                    with deferred():  # a signal now would leave the case counted but not written
+                        sig = self.record(results, case, res, known)
+                        new += 1
                     if sig and res["status"] != "known":
                         self._failure(sig, case, res, worker, findings)
                     bar.update(new, time.monotonic() - t_fuzz, len(self.stats.failures))
