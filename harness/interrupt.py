@@ -28,33 +28,32 @@ def _raise(signum: int, _frame: Any) -> None:
 
 
 @contextlib.contextmanager
-def signals_raise() -> Iterator[None]:
-    """Within the block SIGINT and SIGTERM raise ``Interrupted`` (main thread only: elsewhere Python
-    cannot install handlers and the block runs unchanged); the previous handlers come back after."""
+def _handling(handler: Any) -> Iterator[None]:
+    """SIGINT and SIGTERM go to ``handler`` within the block (main thread only: elsewhere Python cannot
+    install handlers and the block runs unchanged); the previous handlers come back after."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, _raise) for s in SIGNALS}
+    previous = {s: signal.signal(s, handler) for s in SIGNALS}
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+def signals_raise() -> contextlib.AbstractContextManager[None]:
+    """Within the block SIGINT and SIGTERM raise ``Interrupted`` (main thread only); the previous handlers
+    come back after."""
+    return _handling(_raise)
 
 
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
     """Inside ``signals_raise``: a SIGINT or SIGTERM that arrives within the block is raised when the block
     ends, so that what the block writes is written whole (a result line together with its counters)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     got: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, _frame: got.append(signum)) for s in SIGNALS}
-    try:
+    with _handling(lambda signum, _frame: got.append(signum)):
         yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
     if got:
         raise Interrupted(got[0])

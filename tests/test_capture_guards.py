@@ -1106,7 +1106,7 @@ def test_the_world_key_tells_every_requires_grad_and_grad_state_apart():
             keys[requires_grad, has_grad] = world.key()
             assert world.key() == keys[requires_grad, has_grad]
     assert len(set(keys.values())) == 4
-    # the weight is reached through its module and through the optimizer: keyed twice, in a fixed order
+    # the weight is reached through its module and through the optimizer: params() lists it once
     assert sum(p is w for p in world.params()) == 1
     model.train(False)
     assert world.key() != keys[True, True]
