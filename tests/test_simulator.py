@@ -725,11 +725,13 @@ def _modelled_per_step(step, batches) -> float:
     return (mncore.metrics.counters()["modelled_device_s"] - before) / (len(batches) - 2)
 
 
-def test_lazy_step_that_drops_its_gradients_costs_the_context_steps_device_time(sim):
-    """The only outputs a lazy MLP step writes to DRAM beyond the Context API's are the live ``.grad``
-    tensors (a user may read them after ``sync()``). A step that sets them to None before the cut
-    (``zero_grad(set_to_none=True)`` after ``optimizer.step()``) is modelled at the Context step's time;
-    and its parameters still match eager training."""
+def test_lazy_step_costs_the_context_steps_device_time_with_or_without_its_gradients(sim):
+    """A lazy MLP step is modelled at the Context step's device time whether it keeps its ``.grad``
+    tensors live after ``sync()`` or sets them to None before the cut (``zero_grad(set_to_none=True)``
+    after ``optimizer.step()``): a gradient is written to DRAM once in both APIs, by its matmul, for
+    the optimizer's kernel to read; keeping it adds an output, not a write (the compiler once counted
+    ``mm`` and the ``t(t(mm))`` the optimizer reads as two writes). Its parameters still match eager
+    training."""
     import model_zoo
     from harness.runner import context_step
 
@@ -757,7 +759,7 @@ def test_lazy_step_that_drops_its_gradients_costs_the_context_steps_device_time(
     ctx.release(write_back=False)
     kept, dropped = lazy(False), lazy(True)
     assert dropped == pytest.approx(context, rel=1e-9)
-    assert kept > context * 1.01  # the gradients' DRAM writes
+    assert kept == pytest.approx(context, rel=1e-9)
 
     mncore.init("mncore2:auto", sim_mode="functional", float_dtype="double")
     model = spec.build("default", seed=0)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any
 
 import torch
@@ -37,6 +38,33 @@ def _value_bytes(node: fx.Node, policy: str) -> int:
     return sum(precision.storage_bytes(m, policy) for m in node.meta.get("mn") or ())
 
 
+def _storage_base(node: fx.Node, members: set) -> fx.Node:
+    """The value of the same kernel whose buffer ``node`` reinterprets (itself when it is no view of one)."""
+    while (node.target is not operator.getitem and fusion.is_view(node.target) and node.args
+           and isinstance(node.args[0], fx.Node) and node.args[0] in members):
+        node = node.args[0]
+    return node
+
+
+def _written_bytes(k: Any, alias: dict, policy: str) -> int:
+    """Bytes kernel ``k`` writes to DRAM, each buffer once. An output that is a view of another value of
+    the kernel shares that value's buffer (lazy mode returns a weight's gradient ``mm`` as ``.grad`` while
+    the optimizer reads ``t(t(mm))``): beside its base it aliases the base in the memory plan and adds no
+    bytes; views of a base that is not an output write at most the base."""
+    members = set(k.nodes)
+    groups: dict[fx.Node, list[fx.Node]] = {}
+    for o in k.outputs:
+        groups.setdefault(_storage_base(o, members), []).append(o)
+    total = 0
+    for base, outs in groups.items():
+        if base in outs:
+            alias.update((o, base) for o in outs if o is not base)
+            total += _value_bytes(base, policy)
+        else:
+            total += min(_value_bytes(base, policy), sum(_value_bytes(o, policy) for o in outs))
+    return total
+
+
 def _plan_values(graph: fx.Graph, kernels: list, home: dict, alias: dict, policy: str) -> list[tuple]:
     """(name, bytes, first kernel, last kernel) of every DRAM value; views extend their base's life."""
     n_k = len(kernels)
@@ -68,7 +96,7 @@ def compile_graph(graph: fx.Graph, name: str, key: Any, policy: str, static_shap
     model = cost_model()
     home = {n: k.index for k in kernels for n in k.nodes}
     n_k = len(kernels)
-    alias: dict[fx.Node, fx.Node] = {}  # outputs of view kernels -> the buffer they reinterpret
+    alias: dict[fx.Node, fx.Node] = {}  # views (view kernels, views beside their base) -> the buffer they reinterpret
     for k in kernels:
         k.fmt = precision.kernel_format(policy, k.kind, k.kind == "complex" and _autocast_half(k))
         if k.kind == "view":
@@ -78,7 +106,7 @@ def compile_graph(graph: fx.Graph, name: str, key: Any, policy: str, static_shap
                     alias[o] = alias.get(base, base)
             if base is not None:
                 continue
-        k.bytes = sum(_value_bytes(n, policy) for n in k.inputs) + sum(_value_bytes(n, policy) for n in k.outputs)
+        k.bytes = sum(_value_bytes(n, policy) for n in k.inputs) + _written_bytes(k, alias, policy)
         c = model.kernel(k.kind, k.flops, k.bytes, k.fmt)
         k.time_s, k.bound = c.seconds, c.bound
     plan = memory_plan.plan(_plan_values(graph, kernels, home, alias, policy), n_k)
