@@ -203,3 +203,62 @@ def test_data_dependent_shape_in_backward_is_not_compilable_too(ctx, tmp_path):
         ctx.compile(step, {"x": torch.randn(5, 4)}, tmp_path / "step")
     assert "Unable to cast" not in str(info.value)
     assert type(model.weight) is torch.nn.Parameter and model.weight.device.type == "cpu"
+
+
+class _RunningPeak(torch.nn.Module):
+    """Tracks its largest activation by rebinding a buffer (``self.peak = ...``), as transformers' I-BERT
+    keeps its activation ranges, instead of writing into it."""
+
+    def __init__(self, peak_shape: tuple = (1,)):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+        self.peak = torch.nn.Buffer(torch.zeros(1))
+        self.peak_shape = peak_shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        self.peak = torch.maximum(self.peak * 0.9, h.detach().abs().amax().expand(self.peak_shape))
+        return h * self.peak
+
+
+def _with_buffers(ctx: Context, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    _registered(ctx, model, opt)
+    for b in model.buffers():
+        ctx.register_buffer(b)
+
+
+def test_a_rebound_buffer_becomes_a_state_update_and_stays_the_registered_tensor(ctx, tmp_path):
+    """A step that replaces a registered buffer (``self.peak = f(self.peak)``) compiles: each call updates
+    the buffer as eager training does, and the module keeps the registered tensor object in its slot."""
+    torch.manual_seed(0)
+    model = _RunningPeak()
+    ref = copy.deepcopy(model)
+    opt = MNCoreSGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    _with_buffers(ctx, model, opt)
+    peak = model.peak
+    g = torch.Generator().manual_seed(2)
+    batches = [{"x": torch.randn(5, 4, generator=g) * (1 + i), "y": torch.randn(5, 3, generator=g)} for i in range(3)]
+    compiled = ctx.compile(dict_train_step(model, opt, F.mse_loss), batches[0], tmp_path / "peak")
+    assert model.peak is peak and model._buffers["peak"] is peak
+    losses = [compiled(b)["loss"].item() for b in batches]
+    ref_step = dict_train_step(ref, ref_opt, F.mse_loss)
+    expected = [ref_step(b)["loss"].item() for b in batches]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=RTOL, atol=ATOL)
+    ctx.synchronize()
+    assert model.peak is peak
+    torch.testing.assert_close(model.peak, ref.peak, rtol=RTOL, atol=ATOL)
+    assert ref.peak.item() > 0  # the statistic moved: the check above is not of two untouched zeros
+
+
+def test_a_buffer_rebound_to_another_shape_is_not_compilable_and_the_module_is_restored(ctx, tmp_path):
+    model = _RunningPeak(peak_shape=(3,))
+    opt = MNCoreSGD(model.parameters(), lr=0.1)
+    _with_buffers(ctx, model, opt)
+    peak, before = model.peak, model.peak.clone()
+    batch = {"x": torch.randn(5, 4), "y": torch.randn(5, 3)}
+    with pytest.raises(NotCompilableError, match=r"replaces the registered tensor 'model\.peak' \(torch\.float32, "
+                                                 r"shape \[1\]\) with a torch\.float32 tensor of shape \[3\]"):
+        ctx.compile(dict_train_step(model, opt, F.mse_loss), batch, tmp_path / "peak")
+    assert model.peak is peak and peak.device.type == "cpu"
+    torch.testing.assert_close(peak, before, rtol=0, atol=0)  # untouched (a copy, not computed: exact is right)

@@ -28,6 +28,7 @@ from mncore.config import settings
 from mncore.context.bind import Binder
 from mncore.context.guards import GuardRecorder
 from mncore.context.naming import get_tensor_name, set_tensor_name
+from mncore.context.rebind import RebindWatch
 from mncore.context.storage import CacheOptions
 from mncore.devices import Device, parse
 from mncore.errors import GuardError, ImplicitSyncError, InputError
@@ -470,6 +471,7 @@ class _Trace:
     def run(self, function: Callable) -> tuple[dict, dict, list]:
         """Trace ``function``; returns (output refs+metas, state update refs+metas, frozen constants)."""
         binder = Binder()
+        rebinds: RebindWatch | None = None
         failure: BaseException | None = None
         result = None
         scope = contextlib.ExitStack()
@@ -488,7 +490,9 @@ class _Trace:
             if weakly_held:
                 binder.substitute(weakly_held, keep=(self.ctx._registry,))
             del weakly_held
-            result = self._trace(function)
+            rebinds = RebindWatch({id(obj): name for name, obj in self.twins.items()})
+            rebinds.start()
+            result = self._trace(function, rebinds)
         except BaseException as e:  # noqa: BLE001 - re-raised below, after the host tensors are back
             failure = e
             note = "".join(traceback.format_exception(e))
@@ -496,6 +500,8 @@ class _Trace:
             e.add_note(f"traceback of the compile-time failure:\n{note}")
             gc.collect()
         finally:
+            if rebinds is not None:
+                rebinds.stop()
             errors = binder.restore()
             scope.close()
             if errors:
@@ -506,10 +512,11 @@ class _Trace:
             raise failure
         return result
 
-    def _trace(self, function: Callable) -> tuple[dict, dict, list]:
+    def _trace(self, function: Callable, rebinds: RebindWatch) -> tuple[dict, dict, list]:
         lazy_inputs = {k: _placeholder(leaf) for k, leaf in self.placeholders.items()}
         try:
             out = function(lazy_inputs)
+            rebinds.apply()  # a registered buffer the function replaced: its last value, as a state update
         except ImplicitSyncError as e:  # a write into an unregistered host tensor (host reads become guards)
             raise RuntimeError(f"a compiled function runs on the device, and {e}") from None
         except RuntimeError as e:  # an op that failed in backward: autograd reports it as a RuntimeError
