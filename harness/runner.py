@@ -38,24 +38,24 @@ TOLERANCE_REASON = "model level: float32 summation order differs (foreach vs for
 # mncore.capture replays from its fourth call: the first records, the second is a new call key (now
 # with gradients and optimizer state), the third records again and agrees with the second.
 CAPTURE_WARMUP = 3
-_DROPOUT_ATTRS = ("dropout", "attention_dropout", "activation_dropout", "attn_dropout", "hidden_dropout",
-                  "dropout_p", "layerdrop", "dropout_rate",
-                  "drop_prob",  # transformers' DropPath layers
-                  "jitter_noise")  # mixture-of-experts routers (Switch, Mixtral) scale their input by uniform noise
+_DROPOUT_WORDS = ("dropout", "pdrop", "drop_prob", "layerdrop")  # rates: attention_dropout, residual_dropout,
+# attn_pdrop, transformers' DropPath drop_prob, ...
+_NOISE_ATTRS = ("jitter_noise",)  # mixture-of-experts routers (Switch, Mixtral) scale their input by noise
 
 
 def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
     """Random streams differ between eager CPU and the device, so accuracy runs switch off what is random in
     training: dropout layers, stochastic depth (torchvision's ``StochasticDepth``, transformers' DropPath
     modules, which drop whole residual branches per sample), router jitter noise, and the rates modules keep
-    as attributes."""
+    as float attributes for ``F.dropout`` (any attribute named like a dropout rate: Seed-OSS's
+    ``residual_dropout``)."""
     from torchvision.ops import StochasticDepth  # here: the CLI starts without importing torchvision
 
     for m in model.modules():
         if isinstance(m, (torch.nn.modules.dropout._DropoutNd, StochasticDepth)):
             m.p = 0.0
-        for attr in _DROPOUT_ATTRS:
-            if isinstance(getattr(m, attr, None), float):
+        for attr, value in list(vars(m).items()):
+            if type(value) is float and (attr in _NOISE_ATTRS or any(w in attr for w in _DROPOUT_WORDS)):
                 setattr(m, attr, 0.0)
     return model
 
