@@ -171,3 +171,46 @@ def test_unreduced_multilabel_margin_loss_of_a_1d_input():
     x, t = torch.randn(10), torch.tensor([3, 0, -1, 5, 0, 0, 0, 0, 0, 0])
     loss = nn.MultiLabelMarginLoss(reduction="none")
     _same(loss(x.to("mncore"), t.to("mncore")), loss(x, t))
+
+
+GROUPED_MM = {  # (mat_a, mat_b, group ends, backward): each layout transformers' MoE layers and autograd use
+    "2d x 3d": ((12, 8), (3, 8, 8), [3, 7, 12], True),
+    # a 6-wide output: its rows are padded to 16 bytes; eager's own backward refuses a 6-wide gradient
+    "2d x 3d, mat_b transposed (output padded)": ((12, 8), "t", [3, 7, 12], False),
+    "2d x 2d": ((8, 12), (12, 8), [3, 7, 12], True),
+    "3d x 3d": ((3, 4, 8), (3, 8, 8), None, True),
+}
+
+
+@pytest.mark.parametrize("layout", list(GROUPED_MM))
+def test_grouped_mm_in_float32_is_traced_with_its_gradients(layout):
+    """``_grouped_mm`` (Mixtral-style MoE experts) in float32: PyTorch's meta rule accepts only CUDA's 16-bit
+    operands, so it ran as a host fallback after an implicit sync, and the Context API refused it. Now it is
+    traced; values, padded strides and both gradients match eager's CPU kernel."""
+    a_shape, b_shape, ends, backward = GROUPED_MM[layout]
+    a = torch.randn(*a_shape, requires_grad=True)
+    b = (torch.randn(3, 6, 8).transpose(-2, -1) if b_shape == "t" else torch.randn(*b_shape)).requires_grad_()
+    offs = None if ends is None else torch.tensor(ends, dtype=torch.int32)
+    want = torch.ops.aten._grouped_mm(a, b, offs)
+    da, db = (t.detach().to("mncore").requires_grad_() for t in (a, b))
+    before = mncore.metrics.counters().get("fallback_ops", 0)
+    got = torch.ops.aten._grouped_mm(da, db, None if offs is None else offs.to("mncore"))
+    assert mncore.metrics.counters().get("fallback_ops", 0) == before  # traced, not run on the host
+    _same(got, want)
+    if not backward:
+        return
+    w = torch.randn(want.shape)
+    (want * w).sum().backward()
+    (got * w.to("mncore")).sum().backward()
+    torch.testing.assert_close(da.grad.cpu(), a.grad)
+    torch.testing.assert_close(db.grad.cpu(), b.grad)
+
+
+def test_grouped_mm_refuses_at_the_op_what_eager_refuses():
+    """A 6-wide float32 ``mat_b`` has rows that are not 16-byte aligned: eager's kernel refuses it, and so
+    does mncore, at the op (naming the operand and the fix) rather than when the graph runs."""
+    a, b, offs = torch.randn(12, 8), torch.randn(3, 8, 6), torch.tensor([3, 7, 12], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="multiple of 16 bytes"):
+        torch.ops.aten._grouped_mm(a, b, offs)
+    with pytest.raises(RuntimeError, match=r"mat_b \(shape \[3, 8, 6\].*make its last dimension a multiple of 4"):
+        torch.ops.aten._grouped_mm(a.to("mncore"), b.to("mncore"), offs.to("mncore"))

@@ -44,9 +44,6 @@ EXPECTED_HOST_READS = {
     "bert_base": (1, 0),  # create_bidirectional_mask probes padding_mask.all() for any attention
     "t5_small": (2, 0),  # the same probe for the encoder mask and the cross-attention mask
     "mixtral_moe_eager_experts": (10, 10),  # per layer: nonzero over hit experts + torch.where per expert (4)
-    # grouped_mm: offsets are values (sorted token-expert pairs): the grouped matmuls and the index ops
-    # around them run eagerly on the execution device (fallback), each after an implicit sync
-    "mixtral_moe": (8, 12),
 }
 
 XFAIL: dict[str, str] = {}  # model name -> precise mncore bug, applied as strict xfail

@@ -30,7 +30,52 @@ def _materialize(x: Any, it: Any, sit: Any) -> Any:
     return x
 
 
-_CUDA_ONLY_META_RULES = frozenset({"_grouped_mm.default", "grouped_mm.default"})
+def _check_grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: Any) -> None:
+    """What eager's CPU kernel refuses, refused at the op rather than when the graph runs."""
+    def fail(why: str) -> None:
+        raise RuntimeError(f"_grouped_mm: {why}")
+
+    if mat_a.dtype not in (torch.float32, torch.bfloat16, torch.float16) or mat_b.dtype != mat_a.dtype:
+        fail(f"operands must both be float32, bfloat16 or float16, got {mat_a.dtype} and {mat_b.dtype}")
+    if mat_a.dim() not in (2, 3) or mat_b.dim() not in (2, 3):
+        fail(f"operands must be 2-d or 3-d, got {mat_a.dim()}-d and {mat_b.dim()}-d")
+    if (mat_a.dim() == 3 or mat_b.dim() == 3) and mat_a.size(-1) != mat_b.size(-2):
+        fail(f"contraction dimensions differ: {mat_a.size(-1)} and {mat_b.size(-2)}")
+    if (mat_a.dim() == 2 or mat_b.dim() == 2) and offs is None:
+        fail("a 2-d operand needs offs (the end of each group)")
+    align = 16 // mat_a.element_size()
+    for name, m in (("mat_a", mat_a), ("mat_b", mat_b)):
+        (rows, cols), (rs, cs) = m.shape[-2:], m.stride()[-2:]
+        lead = cs if rs == 1 and cs >= max(1, rows) else rs if cs == 1 and rs >= max(1, cols) else None
+        if lead is None or lead % align:
+            fail(f"{name} (shape {list(m.shape)}, strides {list(m.stride())}) must be row- or column-major with "
+                 f"rows 16-byte aligned ({align} {m.dtype} elements); make its last dimension a multiple of {align}")
+
+
+def _grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: Any = None, bias: Any = None,
+                out_dtype: Any = None) -> torch.Tensor:
+    """``_grouped_mm``'s output as eager's kernels shape it. PyTorch's meta rule checks CUDA's operand
+    rules (bfloat16 or float16 only), so float32 MoE layers, which the CPU runs, had no output shape. The
+    last dimension is padded to 16 bytes in the strides, as ``create_grouped_gemm_output_tensor`` does."""
+    _check_grouped_mm(mat_a, mat_b, offs)
+    a2, b2 = mat_a.dim() == 2, mat_b.dim() == 2
+    if a2 and b2:
+        size = [offs.size(0), mat_a.size(0), mat_b.size(1)]
+    elif a2:
+        size = [mat_a.size(0), mat_b.size(-1)]
+    elif b2:
+        size = [mat_a.size(1), mat_b.size(1)]
+    else:
+        size = [mat_a.size(0), mat_a.size(1), mat_b.size(-1)]
+    dtype = out_dtype or mat_a.dtype
+    align = max(16 // dtype.itemsize, 1)
+    padded = -(-size[-1] // align) * align
+    stride = [padded, 1] if len(size) == 2 else [size[1] * padded, padded, 1]
+    return torch.empty_strided(size, stride, dtype=dtype, device="meta")
+
+
+# Ops whose meta rule does not describe what the CPU computes: the rule here does.
+_OWN_SHAPE_RULES = {"_grouped_mm.default": _grouped_mm}
 
 
 def _eval_batch_norm(args: list, kwargs: dict, out: tuple) -> tuple:
@@ -71,14 +116,13 @@ def _infer(target: Any, targs: tuple, tkw: tuple, inputs: list, sigs: list) -> t
     it, sit = iter(inputs), iter(sigs)
     margs = [_materialize(a, it, sit) for a in targs]
     mkw = {k: _materialize(v, it, sit) for k, v in tkw}
+    own = _OWN_SHAPE_RULES.get(getattr(target, "__name__", ""))
     try:
-        out = target(*margs, **mkw)
+        out = target(*margs, **mkw) if own is None else own(*margs, **mkw)
     except NotImplementedError as e:
         raise FallbackNeeded(str(e)) from e
     except RuntimeError as e:
         msg = str(e)
-        if getattr(target, "__name__", "") in _CUDA_ONLY_META_RULES:
-            raise FallbackNeeded(msg) from e
         if ("data-dependent" in msg or "DataDependent" in msg or "meta tensors" in msg or "Meta" in msg
                 or "meta tensor without" in msg):  # repeat_interleave without output_size
             raise FallbackNeeded(msg) from e
