@@ -41,22 +41,34 @@ CAPTURE_WARMUP = 3
 _DROPOUT_WORDS = ("dropout", "pdrop", "drop_prob", "layerdrop")  # rates: attention_dropout, residual_dropout,
 # attn_pdrop, transformers' DropPath drop_prob, ...
 _NOISE_ATTRS = ("jitter_noise",)  # mixture-of-experts routers (Switch, Mixtral) scale their input by noise
+_CONFIG_NOISE = ("mask_time_prob", "mask_feature_prob")  # speech models' SpecAugment masks (numpy's random stream)
+
+
+def _zero_rates(obj: object, extra: tuple[str, ...]) -> None:
+    for attr, value in list(vars(obj).items()):
+        if type(value) is float and (attr in extra or any(w in attr for w in _DROPOUT_WORDS)):
+            setattr(obj, attr, 0.0)
 
 
 def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
     """Random streams differ between eager CPU and the device, so accuracy runs switch off what is random in
     training: dropout layers, stochastic depth (torchvision's ``StochasticDepth``, transformers' DropPath
-    modules, which drop whole residual branches per sample), router jitter noise, and the rates modules keep
-    as float attributes for ``F.dropout`` (any attribute named like a dropout rate: Seed-OSS's
-    ``residual_dropout``)."""
+    modules, which drop whole residual branches per sample), router jitter noise, the rates modules keep as
+    float attributes for ``F.dropout`` (any attribute named like a dropout rate: Seed-OSS's
+    ``residual_dropout``), and the same rates and SpecAugment mask probabilities in transformers' configs,
+    which some layers read while training (wav2vec2's ``layerdrop``, HuBERT's ``mask_time_prob``)."""
     from torchvision.ops import StochasticDepth  # here: the CLI starts without importing torchvision
 
+    configs = {}
     for m in model.modules():
         if isinstance(m, (torch.nn.modules.dropout._DropoutNd, StochasticDepth)):
             m.p = 0.0
-        for attr, value in list(vars(m).items()):
-            if type(value) is float and (attr in _NOISE_ATTRS or any(w in attr for w in _DROPOUT_WORDS)):
-                setattr(m, attr, 0.0)
+        _zero_rates(m, _NOISE_ATTRS)
+        cfg = getattr(m, "config", None)
+        if cfg is not None and not isinstance(cfg, (torch.nn.Module, dict)) and hasattr(cfg, "__dict__"):
+            configs[id(cfg)] = cfg
+    for cfg in configs.values():
+        _zero_rates(cfg, _CONFIG_NOISE)
     return model
 
 
