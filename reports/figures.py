@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from reports import tables
+from reports import full_tier, tables
 from reports.results import load, read_meta, split_peers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,6 +140,11 @@ TIERS = {
 }
 
 
+def _backend(expected_file: Path) -> str:
+    """``full_pfvm_cpu.csv`` -> ``pfvm:cpu`` (the file name's backend, its first ``_`` a ``:``)."""
+    return expected_file.stem.split("_", 1)[1].replace("_", ":", 1)
+
+
 def tier_section(expected: Path, tier: str) -> list[str]:
     """A tier's status per model and backend, from the expectations ``harness run`` checks."""
     files = sorted(expected.glob(f"{tier}_*.csv"))
@@ -149,6 +154,12 @@ def tier_section(expected: Path, tier: str) -> list[str]:
            f"From `ci/expected/{tier}_<backend>.csv`, which `harness run` compares every run with (a difference "
            "fails the run). `status` is the row's (eager, lazy and Context); `captured` is lazy mode under "
            "`mncore.capture`; `graphs/step` and `compiles after warm-up` are lazy mode's.", ""]
+    if tier == "full":
+        rows = [dict(r, backend=_backend(f)) for f in files
+                for r in pd.read_csv(f, dtype=str, keep_default_na=False).to_dict("records")]
+        out += ["Pass rate per backend and mode, and each row's first failure grouped by cause "
+                "(`reports/full_tier.py`; a mode after a failed one is `unjudged`):", "",
+                full_tier.report(rows), ""]
     for f in files:
         df = pd.read_csv(f, dtype=str, keep_default_na=False)
         counts = ", ".join(f"{n} {s}" for s, n in df["status"].value_counts().sort_index().items())

@@ -141,7 +141,7 @@ def test_forked_cells_keep_the_isolation(tmp_path: Path):
 
 
 def test_full_report_counts_modes_and_groups_causes():
-    from harness.full_report import cause, mode_status, report
+    from reports.full_tier import cause, mode_status, report
 
     base = {"model": "m", "config": "tiny", "backend": "b", "lazy_losses": [1.0], "context_losses": [1.0]}
     passed = dict(base, status="pass", reason="", lazy_captured_status="pass")
@@ -152,9 +152,15 @@ def test_full_report_counts_modes_and_groups_causes():
     assert [mode_status(ctx, m) for m in ("lazy", "context", "lazy_captured")] == ["pass", "fail_to_run", "pass"]
     assert [mode_status(lazy, m) for m in ("lazy", "context")] == ["fail_accuracy", "unjudged"]
     assert cause(ctx) == "context: RuntimeError" and cause(lazy) == "lazy: wrong values"
+    named = dict(ctx, reason="context: NotCompilableError: mncore: masked_select at loss.py:48 in f: its output ...")
+    assert cause(named) == "context: NotCompilableError (masked_select)"
     text = report([passed, ctx, lazy])
     assert "| b | 3 | 1 (33%) | 2/3 (67%) | 1/3 (33%) | 2/3 (67%) |" in text, text
     assert "| b | context: RuntimeError | 1 | m |" in text
+    # expectations rows (ci/expected) keep no losses: the modes before the failing one passed
+    expected = [{k: v for k, v in r.items() if not k.endswith("_losses")} for r in (passed, ctx, lazy)]
+    assert [mode_status(expected[1], m) for m in ("lazy", "context", "lazy_captured")] == ["pass", "fail_to_run", "pass"]
+    assert report(expected) == text
 
 
 def test_bad_backend_lists_and_candidates_are_refused(capsys):
