@@ -10,6 +10,7 @@ on the mean square of its first output.
 """
 from __future__ import annotations
 
+import copy
 from functools import lru_cache
 from typing import Any
 
@@ -67,12 +68,15 @@ def tiny_config(model_type: str) -> Any:
 
 
 def build(model_type: str, task: str, arch: str) -> torch.nn.Module:
+    """A new model with a config of its own: models keep their config and read it while running (and the
+    harness switches randomness in it off), so a shared one would carry one model's changes into the next
+    build and into the batches made from it."""
     import transformers
 
     cls = getattr(transformers, arch, None)
     if cls is None:
         raise LookupError(f"transformers {transformers.__version__} has no class {arch}")
-    return cls(tiny_config(model_type))
+    return cls(copy.deepcopy(tiny_config(model_type)))
 
 
 def _get(config: Any, *names: str, default: Any = None) -> Any:
