@@ -8,6 +8,8 @@ layouts are rebuilt with the recorded strides.
 """
 from __future__ import annotations
 
+import importlib
+
 from typing import Any
 
 import torch
@@ -18,9 +20,12 @@ _SORT_LIKE = ("sort", "topk", "kthvalue", "mode", "median", "max.dim", "min.dim"
 
 
 def resolve_op(name: str) -> Any:
-    """``aten.addmm.default`` -> the OpOverload; a clear error for ops this torch lacks."""
+    """``aten.addmm.default`` -> the OpOverload; a clear error for ops this torch lacks. Ops of the
+    ``torchvision`` namespace (``roi_align``, ``nms``) exist once torchvision is imported."""
     try:
         ns, op, overload = name.split(".", 2)
+        if ns == "torchvision":
+            importlib.import_module("torchvision")  # registers torch.ops.torchvision
         return getattr(getattr(getattr(torch.ops, ns), op), overload)
     except (ValueError, AttributeError):
         raise LookupError(f"op {name!r} does not exist in torch {torch.__version__}") from None
@@ -77,7 +82,21 @@ def _values(spec: dict, g: torch.Generator, sizes_of: dict) -> torch.Tensor:
 _SORTED_ARGS = ("offs", "offsets", "cu_seqlens")  # cumulative group ends: only sorted values are valid
 
 
+def _rois(spec: dict, g: torch.Generator, sizes_of: dict) -> torch.Tensor:
+    """torchvision's boxes ``[K, 5]`` (``roi_align``): a batch index below the batch size, then x1, y1,
+    x2, y2 in the recorded range with x1 <= x2 and y1 <= y2. Other batch indices make torchvision's CPU
+    kernel read (and its backward write) outside the tensors."""
+    vals = _values(spec, g, sizes_of)
+    vals[:, 0] = torch.randint(0, max(int(sizes_of.get("__batch__") or 1), 1), (vals.shape[0],), generator=g)
+    for lo, hi in ((1, 3), (2, 4)):
+        pair = vals[:, [lo, hi]].sort(dim=1).values
+        vals[:, lo], vals[:, hi] = pair[:, 0], pair[:, 1]
+    return vals
+
+
 def _tensor(spec: dict, g: torch.Generator, sizes_of: dict, name: str = "") -> torch.Tensor:
+    if name == "rois" and len(spec["shape"]) == 2 and spec["shape"][1] == 5:
+        return _rois(spec, g, sizes_of)
     if spec.get("contiguous", True) or not spec["shape"]:
         vals = _values(spec, g, sizes_of)
         if name in _SORTED_ARGS and vals.dim() == 1 and vals.numel():
@@ -124,11 +143,32 @@ def make_inputs(entry: Entry, seed: int = 0) -> tuple[list, dict]:
     named = dict(zip(names, entry.args), **entry.kwargs)
     if isinstance(named.get("ignore_index"), dict):
         sizes_of["__ignore_index__"] = named["ignore_index"].get("v")
+    batch = named.get("batch_size")  # roi_align's backward names it; its forward's input has it as dim 0
+    sizes_of["__batch__"] = batch.get("v") if isinstance(batch, dict) else (sizes_of.get("input") or [1])[0]
     g = torch.Generator().manual_seed(seed)
     cpu = torch.device("cpu")
     args = [_build(a, g, sizes_of, cpu, n) for a, n in zip(entry.args, names)]
     kwargs = {k: _build(v, g, sizes_of, cpu, k) for k, v in entry.kwargs.items()}
+    if entry.op.startswith("aten.index_put") and not (named.get("accumulate") or {}).get("v", False):
+        _distinct_indices(args[1] if len(args) > 1 else kwargs.get("indices"), named["indices"], sizes_of, g)
     return args, kwargs
+
+
+def _distinct_indices(built: list, spec: dict, sizes_of: dict, g: torch.Generator) -> None:
+    """``index_put`` without ``accumulate`` writes one of the values that go to a repeated place, and which
+    one is up to the kernel: draw the first integer index without repeats (where its range allows), so
+    that every place gets one value, as in the recorded run."""
+    for t, s in zip(built, spec.get("items", ())):
+        if not isinstance(t, torch.Tensor) or t.dtype == torch.bool or t.dim() != 1 or not t.numel():
+            continue
+        lo, hi = s.get("range", [0, int(t.max())])
+        if "indexes" in s:
+            size = sizes_of.get(s["indexes"][0]) or []
+            if len(size) > s["indexes"][1]:
+                hi = min(hi, size[s["indexes"][1]] - 1)
+        if hi - lo + 1 >= t.numel():
+            t.copy_(lo + torch.randperm(hi - lo + 1, generator=g)[: t.numel()])
+        return
 
 
 def to_device(x: Any, device: str) -> Any:

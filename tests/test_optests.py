@@ -99,6 +99,35 @@ def test_negative_indices_without_ignore_index_count_from_the_end():
     assert optests.check(row) == ""
 
 
+def test_roi_align_boxes_name_an_image_of_the_batch():
+    """torchvision's ``roi_align`` reads image ``rois[:, 0]`` without a bounds check (its backward writes
+    there): regenerated from the recorded value range alone, boxes named images past the batch, and the
+    check read garbage (NaN differences) or crashed the process (``malloc(): invalid size``)."""
+    row = Entry("torchvision.roi_align.default", [
+        {"t": "tensor", "shape": [2, 3, 16, 16], "dtype": "float32", "stride": [768, 256, 16, 1], "contiguous": True},
+        {"t": "tensor", "shape": [6, 5], "dtype": "float32", "stride": [5, 1], "contiguous": True, "range": [0.0, 40.0]},
+        {"t": "float", "v": 0.5}, {"t": "int", "v": 4}, {"t": "int", "v": 4}, {"t": "int", "v": 2}, {"t": "bool", "v": True}],
+        {}, 1, {"tv_fasterrcnn_mobilenet_v3_large_320_fpn:tiny"}, {"eager"})
+    rois = make_inputs(row)[0][1]
+    assert set(rois[:, 0].tolist()) <= {0.0, 1.0}
+    assert (rois[:, 3] >= rois[:, 1]).all() and (rois[:, 4] >= rois[:, 2]).all()
+    assert optests.check(row) == ""
+
+
+def test_index_put_without_accumulate_gets_distinct_places():
+    """Which of two values written to one place wins is up to the kernel: the regenerated indices of an
+    ``index_put`` that does not accumulate name every place once, so eager and mncore agree."""
+    row = Entry("aten.index_put.default", [
+        {"t": "tensor", "shape": [101, 8], "dtype": "float32", "stride": [8, 1], "contiguous": True},
+        {"t": "list", "items": [{"t": "tensor", "shape": [101], "dtype": "int64", "stride": [1], "contiguous": True,
+                                 "indexes": ["self", 0], "range": [0, 100]}]},
+        {"t": "tensor", "shape": [101, 8], "dtype": "float32", "stride": [8, 1], "contiguous": True},
+        {"t": "bool", "v": False}], {}, 1, {"tv_fasterrcnn_mobilenet_v3_large_320_fpn:tiny"}, {"eager"})
+    idx = make_inputs(row)[0][1][0]
+    assert sorted(idx.tolist()) == list(range(101))
+    assert optests.check(row) == ""
+
+
 def test_compact_file_form_round_trips(tmp_path):
     reg = Registry()
     reg.add(_row("aten.add.Tensor", [2, 3], [2, 3]))
