@@ -9,7 +9,6 @@ layouts are rebuilt with the recorded strides.
 from __future__ import annotations
 
 import importlib
-
 from typing import Any
 
 import torch
