@@ -148,26 +148,58 @@ def make_inputs(entry: Entry, seed: int = 0) -> tuple[list, dict]:
     cpu = torch.device("cpu")
     args = [_build(a, g, sizes_of, cpu, n) for a, n in zip(entry.args, names)]
     kwargs = {k: _build(v, g, sizes_of, cpu, k) for k, v in entry.kwargs.items()}
-    if entry.op.startswith("aten.index_put") and not (named.get("accumulate") or {}).get("v", False):
-        _distinct_indices(args[1] if len(args) > 1 else kwargs.get("indices"), named["indices"], sizes_of, g)
+    if entry.op.startswith("aten.index_put"):
+        indices = args[1] if len(args) > 1 else kwargs["indices"]
+        values = args[2] if len(args) > 2 else kwargs["values"]
+        target = args[0] if args else kwargs["self"]
+        _mask_counts(indices, values, target, g)
+        _place_indices(indices, named["indices"], target, g, not (named.get("accumulate") or {}).get("v", False))
     return args, kwargs
 
 
-def _distinct_indices(built: list, spec: dict, sizes_of: dict, g: torch.Generator) -> None:
-    """``index_put`` without ``accumulate`` writes one of the values that go to a repeated place, and which
-    one is up to the kernel: draw the first integer index without repeats (where its range allows), so
-    that every place gets one value, as in the recorded run."""
-    for t, s in zip(built, spec.get("items", ())):
-        if not isinstance(t, torch.Tensor) or t.dtype == torch.bool or t.dim() != 1 or not t.numel():
-            continue
-        lo, hi = s.get("range", [0, int(t.max())])
-        if "indexes" in s:
-            size = sizes_of.get(s["indexes"][0]) or []
-            if len(size) > s["indexes"][1]:
-                hi = min(hi, size[s["indexes"][1]] - 1)
-        if hi - lo + 1 >= t.numel():
-            t.copy_(lo + torch.randperm(hi - lo + 1, generator=g)[: t.numel()])
+def _mask_counts(indices: list, values: torch.Tensor, target: torch.Tensor, g: torch.Generator) -> None:
+    """A boolean mask among ``index_put``'s indices selects as many places as it has true elements, and
+    that count must match the integer indices beside it and the values written (broadcasting aside), as
+    it did in the recorded run: draw each mask with exactly that many true elements."""
+    masks = [t for t in indices if isinstance(t, torch.Tensor) and t.dtype == torch.bool]
+    if not masks:
         return
+    lengths = {t.numel() for t in indices if isinstance(t, torch.Tensor) and t.dtype != torch.bool} - {1}
+    rest = target.dim() - sum(t.dim() if t.dtype == torch.bool else 1 for t in indices if t is not None)
+    count = next(iter(lengths)) if len(lengths) == 1 else (
+        values.shape[values.dim() - rest - 1] if values.dim() > rest else None)
+    if count is None or count == 1:
+        return
+    for m in masks:
+        flat = torch.zeros(m.numel(), dtype=torch.bool)
+        flat[torch.randperm(m.numel(), generator=g)[: min(count, m.numel())]] = True
+        m.copy_(flat.view(m.shape))
+
+
+def _place_indices(built: list, spec: dict, target: torch.Tensor, g: torch.Generator, distinct: bool) -> None:
+    """Integer indices of ``index_put`` within the dimension they index: a boolean mask before them spans
+    as many dimensions as it has (the row records each index's place in the list, not its dimension).
+    Without ``accumulate``, the first integer index is drawn without repeats where its range allows: which
+    of the values sent to a repeated place is written is up to the kernel."""
+    dim = 0
+    for t, s in zip(built, spec.get("items", ())):
+        if not isinstance(t, torch.Tensor):
+            dim += 1
+            continue
+        if t.dtype == torch.bool:
+            dim += t.dim()
+            continue
+        size = target.shape[dim] if dim < target.dim() else None
+        dim += 1
+        if size is None or not t.numel():
+            continue
+        lo, hi = s.get("range", [0, size - 1])
+        lo, hi = max(lo, -size), min(hi, size - 1)
+        if t.min() < lo or t.max() > hi:
+            t.copy_(torch.randint(lo, hi + 1, t.shape, generator=g))
+        if distinct and t.dim() == 1 and hi - lo + 1 >= t.numel():
+            t.copy_(lo + torch.randperm(hi - lo + 1, generator=g)[: t.numel()])
+            distinct = False
 
 
 def to_device(x: Any, device: str) -> Any:

@@ -128,6 +128,22 @@ def test_index_put_without_accumulate_gets_distinct_places():
     assert optests.check(row) == ""
 
 
+def test_index_put_mask_counts_and_indices_fit_the_recorded_call():
+    """A boolean mask beside an integer index (FCOS's ``t[mask, idx] = 1``) selects as many places as the
+    integer index is long, and spans two dimensions, so the integer index addresses the third (the row
+    records its place in the list, 1): regenerated blindly, eager refused the inputs."""
+    row = Entry("aten.index_put.default", [
+        {"t": "tensor", "shape": [2, 86, 3], "dtype": "float32", "stride": [258, 3, 1], "contiguous": True},
+        {"t": "list", "items": [
+            {"t": "tensor", "shape": [2, 86], "dtype": "bool", "stride": [86, 1], "contiguous": True, "indexes": ["self", 0]},
+            {"t": "tensor", "shape": [15], "dtype": "int64", "stride": [1], "contiguous": True, "indexes": ["self", 1]}]},
+        {"t": "tensor", "shape": [], "dtype": "float32", "stride": [], "contiguous": True},
+        {"t": "bool", "v": False}], {}, 1, {"tv_fcos_resnet50_fpn:tiny"}, {"eager"})
+    mask, idx = make_inputs(row)[0][1]
+    assert int(mask.sum()) == 15 and idx.min() >= 0 and idx.max() <= 2
+    assert optests.check(row) == ""
+
+
 def test_compact_file_form_round_trips(tmp_path):
     reg = Registry()
     reg.add(_row("aten.add.Tensor", [2, 3], [2, 3]))
