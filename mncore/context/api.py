@@ -516,7 +516,6 @@ class _Trace:
         lazy_inputs = {k: _placeholder(leaf) for k, leaf in self.placeholders.items()}
         try:
             out = function(lazy_inputs)
-            rebinds.apply()  # a registered buffer the function replaced: its last value, as a state update
         except ImplicitSyncError as e:  # a write into an unregistered host tensor (host reads become guards)
             raise RuntimeError(f"a compiled function runs on the device, and {e}") from None
         except RuntimeError as e:  # an op that failed in backward: autograd reports it as a RuntimeError
@@ -524,6 +523,7 @@ class _Trace:
             if cause is None:
                 raise
             raise cause from None
+        rebinds.apply()  # a registered buffer the function replaced: its last value, as a state update
         self._check_optimizers()
         outs = self._outputs(out)
         states = {name: (obj.mn_storage.value, obj.mn_storage.meta) for name, obj in self.twins.items()
