@@ -1,9 +1,12 @@
 """Tracing overhead of lazy mode on pfvm:cpu, printed as medians measured side by side in one run.
 
-Figures (all measured wall time on this machine, backend pfvm:cpu):
+Figures (measured wall time on this machine, backend pfvm:cpu unless said otherwise):
   * MLP step (4 x Linear(512)+ReLU + classifier, batch 64, SGD): us per traced op, trace ms per step;
-  * GPT-2 small (124M, sequence 128, batch 2, AdamW) training step: trace ms per step and us per op,
-    with eager attention + an explicit attention mask (no implicit sync) and in the default config;
+  * GPT-2 small (124M, sequence 128, batch 2, AdamW) training step: mncore's host time per step
+    (dispatch + graph cut; median and 95th percentile), dispatch us per op and graph cut us per node,
+    with eager attention + an explicit attention mask on pfvm:cpu, and in the default config on
+    pfvm:cpu (sync) and on mncore2:auto in performance mode (async and sync: measured host time,
+    modelled device time);
   * lazy/eager step-time ratio of the MLP step at w=64 and w=1024.
 "Trace" is the host time spent inside mncore's tracer (op dispatch, shape inference, graph cut);
 it is measured in execution="sync" mode so that the worker thread does not contend for the GIL.
@@ -41,7 +44,7 @@ def _steps(make_step, n: int, warmup: int, lazy: bool) -> dict:
         make_step()
     if lazy:
         mncore.wait_device_ops()
-    walls, traces, ops, syncs = [], [], [], []
+    walls, traces, ops, syncs, dispatch, cuts, nodes = [], [], [], [], [], [], []
     for _ in range(n):
         c0 = mncore.metrics.counters() if lazy else None
         t0 = time.perf_counter()
@@ -51,15 +54,27 @@ def _steps(make_step, n: int, warmup: int, lazy: bool) -> dict:
         walls.append(time.perf_counter() - t0)
         if lazy:
             c1 = mncore.metrics.counters()
-            traces.append(c1["trace_s"] - c0["trace_s"] + c1["sync_s"] - c0["sync_s"])
+            dispatch.append(c1["trace_s"] - c0["trace_s"])
+            cuts.append(c1["sync_s"] - c0["sync_s"])
+            traces.append(dispatch[-1] + cuts[-1])
             ops.append(c1["traced_ops"] - c0["traced_ops"])
             syncs.append(c1["implicit_syncs"] - c0["implicit_syncs"])
+            nodes.append(c1["cut_nodes"] - c0["cut_nodes"])
     out = {"step_ms": statistics.median(walls) * 1e3, "step_ms_spread": (max(walls) - min(walls)) * 1e3}
     if lazy:
-        out.update(trace_ms=statistics.median(traces) * 1e3, ops=statistics.median(ops),
+        out.update(trace_ms=statistics.median(traces) * 1e3, trace_ms_p95=_p95(traces) * 1e3,
+                   dispatch_ms=statistics.median(dispatch) * 1e3, cut_ms=statistics.median(cuts) * 1e3,
+                   cut_nodes=statistics.median(nodes), ops=statistics.median(ops),
+                   cut_us_per_node=statistics.median(c / max(k, 1) for c, k in zip(cuts, nodes)) * 1e6,
                    us_per_op=statistics.median(t / o for t, o in zip(traces, ops)) * 1e6,
+                   dispatch_us_per_op=statistics.median(t / o for t, o in zip(dispatch, ops)) * 1e6,
                    implicit_syncs=statistics.median(syncs))
     return out
+
+
+def _p95(values: list[float]) -> float:
+    """The 95th percentile (linear interpolation between the closest ranks)."""
+    return statistics.quantiles(values, n=20, method="inclusive")[-1] if len(values) > 1 else values[0]
 
 
 class _NoOpWrapper(torch.Tensor):
@@ -168,13 +183,23 @@ def main() -> None:
 
     if not args.skip_gpt2:
         mncore.init_cpu(execution="sync")
-        for explicit, label in ((True, "eager attention + explicit mask"), (False, "default config (sdpa)")):
-            n = max(3, args.steps // 4) if not explicit else args.steps
-            r = _steps(gpt2_step(explicit), n, 2, lazy=True)
-            results["gpt2_" + ("explicit" if explicit else "default")] = r
-            print(f"GPT-2 small step [{label}]: {r['ops']:.0f} traced ops, trace {r['trace_ms']:.1f} ms/step, "
-                  f"{r['us_per_op']:.1f} us/op, {r['implicit_syncs']:.0f} implicit syncs/step, "
-                  f"step {r['step_ms']:.0f} ms (target trace <= 20 ms)", flush=True)
+        r = _steps(gpt2_step(True), args.steps, 2, lazy=True)
+        results["gpt2_explicit"] = r
+        print(f"GPT-2 small step [eager attention + explicit mask, pfvm:cpu, sync]: {r['ops']:.0f} traced ops, "
+              f"trace {r['trace_ms']:.1f} ms/step, {r['us_per_op']:.1f} us/op, {r['implicit_syncs']:.0f} implicit "
+              f"syncs/step, step {r['step_ms']:.0f} ms", flush=True)
+        for device, execution in (("pfvm:cpu", "sync"), ("mncore2:auto", "async"), ("mncore2:auto", "sync")):
+            kwargs = {"sim_mode": "performance"} if device.startswith("mncore2") else {}
+            mncore.init(device, execution=execution, **kwargs)
+            n = max(5, args.steps // 4) if device == "pfvm:cpu" else args.steps
+            r = _steps(gpt2_step(False), n, 2, lazy=True)
+            results[f"gpt2_default_{device}_{execution}"] = r
+            time_kind = "measured wall time" if device == "pfvm:cpu" else "measured host time, modelled device"
+            print(f"GPT-2 small step [default config (sdpa), {device}, {execution}]: mncore's host time "
+                  f"(dispatch + graph cut) {r['trace_ms']:.1f} ms median, {r['trace_ms_p95']:.1f} ms p95 "
+                  f"(targets <= 25 and <= 35); dispatch {r['dispatch_ms']:.1f} ms ({r['dispatch_us_per_op']:.1f} us/op over "
+                  f"{r['ops']:.0f} ops); graph cut {r['cut_ms']:.2f} ms = {r['cut_us_per_node']:.2f} us/node over "
+                  f"{r['cut_nodes']:.0f} nodes (targets <= 4 ms, <= 2 us/node); {n} steps, {time_kind}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

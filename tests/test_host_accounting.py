@@ -22,6 +22,7 @@ def test_sync_parts_lie_inside_sync_time_and_the_report_shows_them():
     c = mncore.metrics.counters()
     parts = [c["collect_s"], c["lookup_s"], c["submit_s"]]
     assert all(p > 0 for p in parts) and c["syncs"] == 3
+    assert c["cut_nodes"] == 3 * 2  # each cut holds its matmul and its tanh
     assert sum(parts) <= c["sync_s"] + 1e-6  # measured inside each cut's own window (waits excluded)
     assert c["infer_s"] <= c["trace_s"] + 1e-6
     report = mncore.metrics.report()

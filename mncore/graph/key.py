@@ -45,9 +45,15 @@ def stable_name(g: Collected, key: GraphKey) -> str:
     """
     h = hashlib.sha256()
     for n, item in zip(g.order, key.items):
-        h.update(repr((getattr(n.target, "__name__", str(n.target)), n.template, item[1], n.sig.key[3])).encode())
+        h.update(repr((getattr(n.target, "__name__", str(n.target)), n.template, _wiring(item[1]), n.sig.key[3])).encode())
     h.update(repr((key.outputs,) + _without_lowering_version(key.options)).encode())
     return "graph_" + h.hexdigest()[:16]
+
+
+def _wiring(codes: tuple) -> tuple:
+    """Input codes as they were written before a node's first output lost its tuple (names, and the
+    disk cache they key, stay those of earlier versions)."""
+    return tuple((c, 0) if type(c) is int and c >= 0 else c for c in codes)
 
 
 def _without_lowering_version(options: tuple) -> tuple:

@@ -44,7 +44,7 @@ def describe_site(site: Site | None) -> str:
 class Node:
     """One traced op. ``template`` holds the non-tensor arguments with markers for tensors."""
 
-    __slots__ = ("target", "template", "inputs", "sig", "seq", "nout", "frame")
+    __slots__ = ("target", "template", "inputs", "sig", "seq", "nout", "frame", "visit", "local")
 
     def __init__(self, target: Any, template: Any, inputs: tuple, sig: OpSig, frame: Any = None):
         self.target = target
@@ -54,6 +54,8 @@ class Node:
         self.seq = next(_seq)
         self.nout = sig.nout
         self.frame = frame
+        self.visit = -1  # graph collection's marks (``graph.collect``): its pass number and the node's
+        self.local = -1  # position in that graph; attributes, not id-keyed sets, on the cut's hot path
 
     @property
     def metas(self) -> tuple[TensorMeta | None, ...]:

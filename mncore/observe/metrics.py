@@ -21,6 +21,7 @@ COUNTERS = {
     "implicit_syncs": "host reads that cut the graph before sync()",
     "fallback_ops": "data-dependent ops run eagerly",
     "syncs": "graph cuts (sync() calls, implicit ones included)",
+    "cut_nodes": "ops in the graphs cut by sync() (sync_s over this is the cut's cost per node)",
     "bytes_to_device": "bytes uploaded from the host",
     "bytes_to_host": "bytes read back to the host",
     "disk_cache_hits": "executables loaded from the disk cache",

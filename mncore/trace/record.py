@@ -91,7 +91,10 @@ def _norm(a: Any, inputs: list, sigs: list, lift: bool) -> Any:
     if tp is int or tp is bool or a is None or tp is str:
         return a
     if tp is list or tp is tuple:
-        return tuple([_norm(x, inputs, sigs, lift) for x in a])
+        for x in a:
+            if type(x) is not int:
+                return tuple([_norm(x, inputs, sigs, lift) for x in a])
+        return tuple(a)  # sizes, strides, dims: nothing to replace
     if isinstance(a, torch.Tensor):
         if isinstance(a, LazyTensor):  # nn.Parameter-flavoured LazyTensor
             inputs.append(value_of(a))

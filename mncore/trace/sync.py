@@ -114,21 +114,25 @@ def cut(reason: str, extra: tuple = ()) -> Submitted | None:
 def _submit(storages: list, extra: tuple) -> tuple[Submitted, float]:
     """Submit the graph computing ``storages`` and ``extra``; also returns the seconds spent waiting
     for the worker."""
-    by_ref: dict[tuple, list] = {}
+    by_ref: dict[tuple, list] = {}  # keyed by the value itself: a Node hashes and compares by identity
     for s in storages:
-        by_ref.setdefault((id(s.value[0]), s.value[1]), []).append(s)
-    refs = {k: g[0].value for k, g in by_ref.items()}
+        group = by_ref.get(s.value)
+        if group is None:
+            by_ref[s.value] = [s]
+        else:
+            group.append(s)
     for r in extra:
-        refs.setdefault((id(r[0]), r[1]), r)
-        by_ref.setdefault((id(r[0]), r[1]), [])
-    keys = sorted(refs, key=lambda k: (refs[k][0].seq, k[1]))
-    exe, g = compiled([refs[k] for k in keys])
+        by_ref.setdefault(r, [])
+    keys = sorted(by_ref, key=_trace_order)
+    exe, g = compiled(keys)
+    metrics.add("cut_nodes", len(g.order))
     out_leaves, groups, before = [], [], {}
     ready = Latch()
+    name = exe.name
     for k in keys:
         group = by_ref[k]
-        leaf = Data(group[0].meta if group else refs[k][0].sig.metas[k[1]], ready=ready)
-        leaf.graph = exe.name
+        leaf = Data(group[0].meta if group else k[0].sig.metas[k[1]], ready=ready)
+        leaf.graph = name
         out_leaves.append(leaf)
         groups.append(group)
         for s in group:
@@ -137,7 +141,11 @@ def _submit(storages: list, extra: tuple) -> tuple[Submitted, float]:
     t0 = timeline.now()
     waited = executor.submit(Job(exe=exe, leaves=g.leaves, scalars=[s.value for s in g.scalars], outs=out_leaves))
     metrics.add("submit_s", timeline.now() - t0 - waited)
-    return Submitted(exe, g, [refs[k] for k in keys], groups, out_leaves, before), waited
+    return Submitted(exe, g, keys, groups, out_leaves, before), waited
+
+
+def _trace_order(ref: tuple) -> tuple[int, int]:
+    return ref[0].seq, ref[1]
 
 
 def store(s: Storage, leaf: Data) -> None:
