@@ -9,10 +9,14 @@ failing row (its id, as ``harness registry show`` prints it) with why.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
+import gc
 import math
 import random
 from pathlib import Path
+from typing import Callable
 
 from harness.fuzz.oracles import judge, lazy_run
 from harness.opgen import describe, make_inputs, resolve_op, to_device
@@ -21,6 +25,8 @@ from shape_registry import Registry
 from shape_registry.format import Entry
 
 ITEM_ELEMENTS = 20_000_000  # input elements per item at most (a larger row is an item of its own)
+# After a row this large, freed memory is handed back to the system (see ``_give_back_memory``).
+TRIM_ELEMENTS = 4_000_000
 
 
 def rows(sample: int = 0, path: Path = DEFAULT_PATH) -> list[Entry]:
@@ -72,6 +78,14 @@ def check(row: Entry) -> str:
     """Why ``row`` disagrees with eager PyTorch on the CPU ("" when it agrees): the op on inputs regenerated
     from the row, lazily on ``mncore`` (the current device) and eagerly on the CPU, judged by
     ``harness.fuzz.oracles.judge`` (outputs and the arguments the op writes)."""
+    try:
+        return _verdict(row)
+    finally:
+        if elements(row) >= TRIM_ELEMENTS:
+            _give_back_memory()
+
+
+def _verdict(row: Entry) -> str:
     op = resolve_op(row.op)
     args, kwargs = make_inputs(row, seed=0)
     dev_args, dev_kwargs = to_device(args, "mncore"), to_device(kwargs, "mncore")  # copies: eager may write args
@@ -85,6 +99,26 @@ def check(row: Entry) -> str:
         return f"mncore raises {type(e).__name__}: {e}"
     verdict = judge(row.op, got, want, got_args, got_kwargs, args, kwargs)
     return "" if verdict else verdict.message
+
+
+def _give_back_memory() -> None:
+    """Return the memory a large row freed to the system. glibc keeps freed heap memory for reuse, and
+    the mix of tensor sizes in optimizer rows (a whole model's parameters, several copies) left each
+    ``pytest -n auto`` worker holding the peak of every large row it had checked: over the whole set,
+    workers reached 20 GB and were killed on a 24 GB machine. Elsewhere (no glibc) this only collects."""
+    gc.collect()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc
+        return None
 
 
 def describe_failures(failures: list[tuple[Entry, str]], checked: int) -> str:
