@@ -7,7 +7,9 @@ Figures (measured wall time on this machine, backend pfvm:cpu unless said otherw
     with eager attention + an explicit attention mask on pfvm:cpu, and in the default config on
     pfvm:cpu (sync) and on mncore2:auto in performance mode (async and sync: measured host time,
     modelled device time);
-  * lazy/eager step-time ratio of the MLP step at w=64 and w=1024.
+  * lazy/eager step-time ratio of the MLP step at w=64 and w=1024;
+  * the MLP step's dispatch + graph cut in execution="async" against "sync", on pfvm:cpu and on
+    mncore2:auto in performance mode.
 "Trace" is the host time spent inside mncore's tracer (op dispatch, shape inference, graph cut);
 it is measured in execution="sync" mode so that the worker thread does not contend for the GIL.
 
@@ -171,6 +173,18 @@ def main() -> None:
     results["mlp512_trace"] = r
     print(f"MLP w=512 step: {r['ops']:.0f} traced ops, {r['us_per_op']:.1f} us/op, "
           f"trace {r['trace_ms']:.2f} ms/step (target <= 10 us/op)", flush=True)
+    # async against sync, the same steps in one run; each step waits for its graph (the counters are read
+    # with none in flight), so this is tracing itself; `harness report async` measures it while graphs run
+    for device in ("pfvm:cpu", "mncore2:auto"):
+        kwargs = {"sim_mode": "performance"} if device.startswith("mncore2") else {}
+        modes = {}
+        for execution in ("sync", "async"):
+            mncore.init(device, execution=execution, **kwargs)
+            modes[execution] = _steps(mlp_step(512, "mncore"), args.steps, args.warmup, lazy=True)["trace_ms"]
+        results[f"mlp512_async_vs_sync_{device}"] = modes
+        print(f"MLP w=512 on {device}: dispatch + graph cut {modes['async']:.2f} ms/step async, "
+              f"{modes['sync']:.2f} sync, async/sync {modes['async'] / modes['sync']:.2f} (target <= 1.10)", flush=True)
+    mncore.init_cpu(execution="sync")
 
     for w in (64, 1024):
         mncore.init_cpu(execution="async")
