@@ -164,6 +164,42 @@ def test_seed_mlp_sgd_momentum_20_steps_replays_bit_identical_to_lazy():
     _assert_close(cap, eager)
 
 
+def test_a_replay_cuts_the_graph_only_when_something_is_pending():
+    """A replay binds device values, so work traced before the call is cut first; with nothing traced
+    since the last cut there is nothing to cut (a cut per replay cost host time, bumped the view-cache
+    epoch and counted a sync nobody made)."""
+    model = _seed_mlp(width=16)
+    batches = _mlp_batches(16, 6)
+    eager = copy.deepcopy(model)
+    lazy = copy.deepcopy(model).to("mncore")
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, lazy)]
+
+    def train(m, opt, b):
+        opt.zero_grad()
+        loss = _ce(m, b)
+        loss.backward()
+        opt.step()
+        return loss
+
+    step = mncore.capture(lambda b: train(lazy, opts[1], b))
+    device_batches = [{k: v.to("mncore") for k, v in b.items()} for b in batches]
+    side = torch.arange(6.0).to("mncore")
+    for i, b in enumerate(batches):
+        want = train(eager, opts[0], b)
+        mncore.sync()  # the uploads and anything before: nothing is pending when the step is called
+        before = mncore.metrics.counters()
+        if i == 5:
+            side = side * 2  # traced before the call: the replay must cut it first
+        got = step(device_batches[i])
+        d = _delta(before, "syncs", "replays")
+        if i >= 3:
+            assert d == {"syncs": 1 if i == 5 else 0, "replays": 1}, (i, d)
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(side.cpu(), torch.arange(6.0) * 2)
+    for p, q in zip(lazy.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------- 2. ResNet-18
 
 

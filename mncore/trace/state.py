@@ -50,6 +50,10 @@ class WeakList:
             self._refs = [weakref.ref(o) for o in live]
             self._limit = max(_MIN_COMPACT, 2 * len(live))
 
+    def __bool__(self) -> bool:
+        """Whether any object added is still alive (without building the list ``live`` returns)."""
+        return any(r() is not None for r in self._refs)
+
     def live(self) -> list:
         """The live objects, each once, in the order they were first added."""
         seen: set[int] = set()
