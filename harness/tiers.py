@@ -42,30 +42,14 @@ def representatives(entries: list) -> list[str]:
         rest.remove(best)
 
 
-def catalog_tier() -> list[tuple[str, str]]:
+def models_tier() -> list[tuple[str, str]]:
     """The headline models (default configs) plus the catalog's representative set (tiny configs): the
-    models tier to come, once its expectations are recorded (``docs/catalog.md``)."""
+    fewest models that cover every trait value of the catalog (what ``ci/expected/models_*.csv`` record)."""
     from model_zoo import catalog
 
     picked = representatives(catalog.built())
     headline = {m for m, _ in HEADLINE}
     return list(HEADLINE) + [(m, "tiny") for m in picked if m not in headline]
-
-
-def models_tier() -> list[tuple[str, str]]:
-    """The headline models plus tiny hand-written zoo models chosen greedily until every zoo trait value
-    is covered once (what ``ci/expected/models_*.csv`` record)."""
-    import model_zoo
-
-    chosen = list(HEADLINE)
-    covered = {(k, model_zoo.get(m).traits.get(k)) for m, _ in chosen for k in model_zoo.TRAIT_KEYS}
-    covered |= {("family", model_zoo.get(m).family) for m, _ in chosen}
-    for spec in sorted(model_zoo.all_specs(), key=lambda s: s.name):
-        values = {(k, spec.traits.get(k)) for k in model_zoo.TRAIT_KEYS} | {("family", spec.family)}
-        if values - covered:
-            chosen.append((spec.name, "tiny"))
-            covered |= values
-    return chosen
 
 
 def full_tier() -> list[tuple[str, str]]:

@@ -101,9 +101,9 @@ def test_representatives_are_a_greedy_cover_after_the_headline():
     assert tiers.representatives(entries) == [head, "c"]  # c alone covers what a, b and d cover
 
 
-def test_catalog_tier_covers_every_catalog_trait_value():
+def test_models_tier_covers_every_catalog_trait_value():
     entries = catalog.built()
-    tier = tiers.catalog_tier()
+    tier = tiers.models_tier()
     assert tier[: len(tiers.HEADLINE)] == tiers.HEADLINE
     picked = {m for m, _ in tier}
     covered = {(k, v) for e in entries if e.name in picked for k, vs in e.traits.items() for v in vs}

@@ -318,18 +318,6 @@ def test_result_files_round_trip_into_pandas(tmp_path):
     assert run_summary.mode_statuses(back[0]) == {"eager": "pass", "lazy": "pass", "captured": "pass", "Context": "pass"}
 
 
-def test_models_tier_covers_every_trait_once():
-    import model_zoo
-
-    chosen = tiers.models_tier()
-    names = {m for m, _ in chosen}
-    assert {"mlp_w64", "resnet18", "gpt2_small"} <= names
-    for key in model_zoo.TRAIT_KEYS:
-        values = {s.traits[key] for s in model_zoo.all_specs()}
-        covered = {model_zoo.get(m).traits[key] for m in names}
-        assert values == covered, key
-
-
 def _running(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie (dead, waiting for init to reap it)."""
     try:
