@@ -175,11 +175,14 @@ def _write(path: Path, columns: list[str], records: Records) -> None:
     pd.DataFrame([records[k] for k in sorted(records)], columns=columns).to_csv(path, index=False)
 
 
-def update(rows: list[dict[str, Any]], tier: str, backend: str) -> list[Path]:
+def update(rows: list[dict[str, Any]], tier: str, backend: str, keep_others: bool = True) -> list[Path]:
     """Replace the rows of the cells that ran (status, graphs, compiles; and their performance
-    baseline) and keep every other row of both files."""
+    baseline); every other row of both files is kept, or with ``keep_others=False`` (the whole tier
+    ran) dropped: a model no longer in the tier would otherwise stay expected and fail the next run."""
     rows = [r for r in rows if r["backend"] == backend]
     expected, perf = load_expected(tier, backend), load_perf(tier, backend)  # refuse a corrupt file first
+    if not keep_others:
+        expected, perf = {}, {}
     for r in rows:
         key = (r["model"], r["config"])
         expected[key] = {c: _expected(r, c) for c in EXPECTED_COLUMNS}

@@ -144,8 +144,10 @@ def _run(args: argparse.Namespace, todo: list[tuple[str, str]], backends: list[s
     for b in backends:
         b_rows = [r for r in records if r["backend"] == b]
         if args.update_expected:
-            for path in expectations.update(b_rows, args.tier, b):
-                print(f"updated {len(b_rows)} row(s) of {expectations.shown(path)} (others kept)")
+            whole = not args.models  # the whole tier ran: rows of models no longer in it go
+            for path in expectations.update(b_rows, args.tier, b, keep_others=not whole):
+                print(f"updated {len(b_rows)} row(s) of {expectations.shown(path)} "
+                      f"({'the rest dropped: the whole tier ran' if whole else 'others kept'})")
         else:
             found = expectations.check(b_rows, args.tier, b)
             if args.models:  # a partial run only checks the rows it ran

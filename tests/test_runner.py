@@ -295,6 +295,21 @@ def test_update_expected_replaces_only_the_rows_that_ran(tmp_path, monkeypatch):
     assert set(expectations.load_perf("models", "pfvm:cpu")) == set(got)
 
 
+def test_update_expected_over_the_whole_tier_drops_models_no_longer_in_it(tmp_path, monkeypatch):
+    """A model that left the tier kept its row, and the next plain run failed with "expected but not run"."""
+    from harness import cli
+
+    monkeypatch.setattr(expectations, "EXPECTED_DIR", tmp_path / "expected")
+    expectations.update([r.to_json() for r in _fake_rows("mlp_w64", "gone")], "models", "pfvm:cpu")
+    monkeypatch.setattr(tiers, "models_tier", lambda: [("mlp_w64", "tiny")])
+    monkeypatch.setattr(tiers, "run_models", fake_run_models(_fake_rows("mlp_w64")))
+    argv = ["run", "--tier", "models", "--backend", "pfvm:cpu", "--update-expected", "--out", str(tmp_path / "r")]
+    assert cli.main(argv) == 0
+    assert set(expectations.load_expected("models", "pfvm:cpu")) == {("mlp_w64", "tiny")}
+    assert set(expectations.load_perf("models", "pfvm:cpu")) == {("mlp_w64", "tiny")}
+    assert cli.main(argv[:-3] + ["--out", str(tmp_path / "r2")]) == 0  # the plain run agrees with the file
+
+
 def test_result_files_round_trip_into_pandas(tmp_path):
     """A real row (every mode passes) written and read back; the captured mode replayed every measured step."""
     rows = [runner.run_one("mlp_w64", "tiny", "pfvm:cpu", steps=2)]
