@@ -74,6 +74,12 @@ def _steps(make_step, n: int, warmup: int, lazy: bool) -> dict:
     return out
 
 
+def _init(device: str, execution: str) -> None:
+    """``mncore.init`` on ``device``; the simulated board in performance mode (host time measured,
+    device time modelled)."""
+    mncore.init(device, execution=execution, **({"sim_mode": "performance"} if device.startswith("mncore2") else {}))
+
+
 def _p95(values: list[float]) -> float:
     """The 95th percentile (linear interpolation between the closest ranks)."""
     return statistics.quantiles(values, n=20, method="inclusive")[-1] if len(values) > 1 else values[0]
@@ -176,10 +182,9 @@ def main() -> None:
     # async against sync, the same steps in one run; each step waits for its graph (the counters are read
     # with none in flight), so this is tracing itself; `harness report async` measures it while graphs run
     for device in ("pfvm:cpu", "mncore2:auto"):
-        kwargs = {"sim_mode": "performance"} if device.startswith("mncore2") else {}
         modes = {}
         for execution in ("sync", "async"):
-            mncore.init(device, execution=execution, **kwargs)
+            _init(device, execution)
             modes[execution] = _steps(mlp_step(512, "mncore"), args.steps, args.warmup, lazy=True)["trace_ms"]
         results[f"mlp512_async_vs_sync_{device}"] = modes
         print(f"MLP w=512 on {device}: dispatch + graph cut {modes['async']:.2f} ms/step async, "
@@ -203,8 +208,7 @@ def main() -> None:
               f"trace {r['trace_ms']:.1f} ms/step, {r['us_per_op']:.1f} us/op, {r['implicit_syncs']:.0f} implicit "
               f"syncs/step, step {r['step_ms']:.0f} ms", flush=True)
         for device, execution in (("pfvm:cpu", "sync"), ("mncore2:auto", "async"), ("mncore2:auto", "sync")):
-            kwargs = {"sim_mode": "performance"} if device.startswith("mncore2") else {}
-            mncore.init(device, execution=execution, **kwargs)
+            _init(device, execution)
             n = max(5, args.steps // 4) if device == "pfvm:cpu" else args.steps
             r = _steps(gpt2_step(False), n, 2, lazy=True)
             results[f"gpt2_default_{device}_{execution}"] = r

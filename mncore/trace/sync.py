@@ -116,11 +116,7 @@ def _submit(storages: list, extra: tuple) -> tuple[Submitted, float]:
     for the worker."""
     by_ref: dict[tuple, list] = {}  # keyed by the value itself: a Node hashes and compares by identity
     for s in storages:
-        group = by_ref.get(s.value)
-        if group is None:
-            by_ref[s.value] = [s]
-        else:
-            group.append(s)
+        by_ref.setdefault(s.value, []).append(s)
     for r in extra:
         by_ref.setdefault(r, [])
     keys = sorted(by_ref, key=_trace_order)
@@ -128,11 +124,10 @@ def _submit(storages: list, extra: tuple) -> tuple[Submitted, float]:
     metrics.add("cut_nodes", len(g.order))
     out_leaves, groups, before = [], [], {}
     ready = Latch()
-    name = exe.name
     for k in keys:
         group = by_ref[k]
         leaf = Data(group[0].meta if group else k[0].sig.metas[k[1]], ready=ready)
-        leaf.graph = name
+        leaf.graph = exe.name
         out_leaves.append(leaf)
         groups.append(group)
         for s in group:
