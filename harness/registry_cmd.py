@@ -126,7 +126,7 @@ def _keep_unrecorded(old: Registry, merged: Registry) -> None:
     merged.models.update({k: old.models[k] for k in keep})
     merged.failed.update({k: v for k, v in old.failed.items() if k not in merged.models and k not in merged.failed})
     # exclusion counts: the old totals less those of the replaced models (stored per model since the catalog)
-    replaced = [old.models[k].get("excluded", {}) for k in old.models if k in merged.models]
+    replaced = [old.models[k].get("excluded", {}) for k in old.models if k not in keep]
     for k, n in old.excluded.items():
         left = n - sum(x.get(k, 0) for x in replaced)
         if left > 0:

@@ -73,7 +73,7 @@ def test_re_recording_keeps_other_models_and_notes_failures():
     old = Registry()
     old.add(_row("aten.add.Tensor", [2], [2], model="zoo:tiny"))
     old.add(_row("aten.mul.Tensor", [2], [2], model="gone:tiny"))
-    old.models = {"zoo:tiny": {"excluded": {"view:aten.t.default": 3}}, "gone:tiny": {}}
+    old.models = {"zoo:tiny": {"excluded": {"view:aten.t.default": 3}}, "gone:tiny": {"excluded": {"view:aten.t.default": 2}}}
     old.excluded = {"view:aten.t.default": 5}
     new = Registry()
     new.add(_row("aten.add.Tensor", [2], [2], model="zoo:tiny"))
@@ -86,7 +86,8 @@ def test_re_recording_keeps_other_models_and_notes_failures():
         "aten.add.Tensor": ["zoo:tiny"], "aten.mul.Tensor": ["gone:tiny"], "aten.sub.Tensor": ["hf_x:tiny"]}
     assert set(new.models) == {"zoo:tiny", "hf_x:tiny", "gone:tiny"}  # a failed re-recording keeps its rows
     assert new.failed == {"gone:tiny": "timeout: gone:tiny: ran past 600 s"}
-    assert new.excluded == {"view:aten.t.default": 4 + 5 - 3}  # zoo:tiny's old 3 replaced by its new 4
+    # zoo:tiny's old 3 replaced by its new 4; gone:tiny's 2, like its rows, kept
+    assert new.excluded == {"view:aten.t.default": 4 + 5 - 3}
 
 
 def test_a_host_scalar_tensor_among_device_ones_is_recorded_as_a_tensor():
