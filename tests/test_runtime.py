@@ -130,6 +130,16 @@ def test_implicit_sync_warn_once_per_call_site():
     assert mncore.metrics.counters()["implicit_syncs"] - before == 3
 
 
+def test_implicit_sync_in_code_without_a_file_names_its_line_not_backward():
+    """`python -c`, the REPL and notebooks run user code from ``<string>``/``<stdin>``-named frames: the
+    warning names that line, not "autograd engine thread ... in backward" (no backward ran)."""
+    code = ("import warnings, torch, mncore\nmncore.init_cpu(implicit_sync='warn')\n"
+            "warnings.simplefilter('always')\nx = torch.ones(3).mncore() * 2\nprint(x.cpu().tolist())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "[2.0, 2.0, 2.0]" in out.stdout, out.stderr
+    assert "at <string>:5 in <module>" in out.stderr and "backward" not in out.stderr, out.stderr
+
+
 def test_implicit_sync_error_mode_raises_and_keeps_state():
     mncore.init_cpu(implicit_sync="error")
     x = torch.ones(3).mncore() * 2

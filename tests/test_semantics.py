@@ -944,6 +944,31 @@ def test_advanced_indexing_read():
     run_both(f, _grid(3, 4), torch.tensor([2, 0, 2]), torch.tensor([1, 3, 0]))
 
 
+def test_cpu_indices_index_a_device_tensor_as_in_eager():
+    """Advanced indexing takes CPU index tensors for a device tensor (eager moves them, as for CUDA:
+    BEiT's relative position table is indexed by a CPU index built in forward); reads, writes,
+    accumulation and the gradient match eager CPU, while ops that are not indexing still refuse."""
+    idx, rows = torch.tensor([4, 0, 2, 2]), torch.tensor([1, 3])
+    w = torch.randn(5, 3, requires_grad=True)
+    ref = w[idx] * 2
+    ref.sum().backward()
+    wd = w.detach().to("mncore").requires_grad_()
+    got = wd[idx] * 2  # idx stays on the CPU
+    got.sum().backward()
+    mncore.sync()
+    assert_same(got, ref)
+    assert_same(wd.grad, w.grad)
+    for accumulate in (False, True):
+        x, xd = _grid(5, 3), _grid(5, 3).to("mncore")
+        for t, v in ((x, torch.ones(2, 3)), (xd, torch.ones(2, 3).to("mncore"))):
+            t.index_put_((rows,), v, accumulate=accumulate)
+            t[idx, 1] = -1.0
+        mncore.sync()
+        assert_same(xd, x)
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.index_select(_grid(5, 3).to("mncore"), 0, idx)
+
+
 def test_embedding():
     w = torch.randn(10, 4)
     idx = torch.tensor([[1, 2, 0], [9, 2, 2]])

@@ -42,6 +42,9 @@ class OpInfo:
     has_generator: bool = False
     returns_alias: tuple = ()  # per return: index of the mutated arg it aliases, or None
     arg_names: tuple[str, ...] = field(default=())
+    # positions/names of advanced-indexing index lists (``Tensor?[] indices``), whose CPU tensors eager
+    # PyTorch moves to the indexed tensor's device (``x_cuda[idx_cpu]``) instead of refusing them
+    host_indices: frozenset = frozenset()
 
 
 _LIFTABLE_TYPES = frozenset({
@@ -103,8 +106,9 @@ def analyze(op: Any) -> OpInfo:
                          [a.name for a in args if _liftable_type(a.type)])
     random = torch.Tag.nondeterministic_seeded in op.tags and schema.name.split("::")[1] not in _DETERMINISTIC
     has_gen = any(a.name == "generator" for a in args)
+    indices = [(i, a.name) for i, a in enumerate(args) if a.name == "indices" and str(a.type) == "List[Optional[Tensor]]"]
     info = OpInfo(op=op, name=name, kind="functional", lift_pos=lift, random=random, has_generator=has_gen,
-                  arg_names=tuple(a.name for a in args))
+                  arg_names=tuple(a.name for a in args), host_indices=frozenset(x for pair in indices for x in pair))
     base = schema.name.split("::")[1]
     if base in _UNDECLARED_MUTATIONS and not mutated:
         mutated = _UNDECLARED_MUTATIONS[base]

@@ -76,8 +76,9 @@ def from_host(tensor: torch.Tensor) -> LazyTensor:
     return new_tensor((leaf, 0), leaf.meta)
 
 
-def _norm(a: Any, inputs: list, sigs: list, lift: bool) -> Any:
-    """Replace tensors (and liftable floats) by markers; collect their values in order."""
+def _norm(a: Any, inputs: list, sigs: list, lift: bool, host_ok: bool = False) -> Any:
+    """Replace tensors (and liftable floats) by markers; collect their values in order. ``host_ok``: CPU
+    tensors of any shape are uploaded (index lists), not only 0-dim ones."""
     tp = type(a)
     if tp is LazyTensor or tp is RefArg:
         inputs.append(value_of(a))
@@ -93,7 +94,7 @@ def _norm(a: Any, inputs: list, sigs: list, lift: bool) -> Any:
     if tp is list or tp is tuple:
         for x in a:
             if type(x) is not int:
-                return tuple([_norm(x, inputs, sigs, lift) for x in a])
+                return tuple([_norm(x, inputs, sigs, lift, host_ok) for x in a])
         return tuple(a)  # sizes, strides, dims: nothing to replace
     if isinstance(a, torch.Tensor):
         if isinstance(a, LazyTensor):  # nn.Parameter-flavoured LazyTensor
@@ -104,7 +105,7 @@ def _norm(a: Any, inputs: list, sigs: list, lift: bool) -> Any:
             raise RuntimeError("mncore: cannot mix meta tensors with mncore tensors")
         if tracer.capture is not None:
             tracer.capture.append(describe_host(a))
-        elif a.dim() != 0:
+        elif a.dim() != 0 and not host_ok:
             raise RuntimeError(
                 f"Expected all tensors to be on the same device, but found a {a.device} tensor of shape "
                 f"{tuple(a.shape)} mixed with mncore tensors; move it with .to('mncore') first"
@@ -145,8 +146,9 @@ def _norm_call(info: Any, args: tuple, kwargs: dict, inputs: list, sigs: list) -
         elif tp is int or tp is bool or a is None:
             targs.append(a)
         else:
-            targs.append(_norm(a, inputs, sigs, i in lift))
-    tkw = tuple([(k, _norm(v, inputs, sigs, k in lift)) for k, v in kwargs.items()]) if kwargs else ()
+            targs.append(_norm(a, inputs, sigs, i in lift, i in info.host_indices))
+    tkw = tuple([(k, _norm(v, inputs, sigs, k in lift, k in info.host_indices))
+                 for k, v in kwargs.items()]) if kwargs else ()
     return tuple(targs), tkw
 
 

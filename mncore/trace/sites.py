@@ -13,12 +13,18 @@ _LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.
 
 def user_site() -> Site | None:
     """(file, line, function) of the innermost user frame; None on a thread with no user frame
-    (autograd's engine thread runs backward without one)."""
+    (autograd's engine thread runs backward without one). Frames of code without a file (``<string>``:
+    `python -c`, the REPL's ``<stdin>``, generated code) count only when no frame with a file does;
+    the import machinery's ``<frozen ...>`` frames never."""
     f = sys._getframe(1)
+    fileless = None
     while f is not None:
         name = f.f_code.co_filename
-        if not name.startswith(_LIBRARY_DIRS) and not name.startswith("<"):
-            return name, f.f_lineno, f.f_code.co_name
+        if not name.startswith(_LIBRARY_DIRS):
+            if not name.startswith("<"):
+                return name, f.f_lineno, f.f_code.co_name
+            if fileless is None and not name.startswith("<frozen"):
+                fileless = name, f.f_lineno, f.f_code.co_name
         f = f.f_back
-    return None
+    return fileless
 
