@@ -40,8 +40,12 @@ TOLERANCE_REASON = "model level: float32 summation order differs (foreach vs for
 CAPTURE_WARMUP = 3
 _DROPOUT_WORDS = ("dropout", "pdrop", "drop_prob", "layerdrop")  # rates: attention_dropout, residual_dropout,
 # attn_pdrop, transformers' DropPath drop_prob, ...
-_NOISE_ATTRS = ("jitter_noise",)  # mixture-of-experts routers (Switch, Mixtral) scale their input by noise
-_CONFIG_NOISE = ("mask_time_prob", "mask_feature_prob")  # speech models' SpecAugment masks (numpy's random stream)
+# mixture-of-experts routers (Switch, Mixtral) scale their input by noise; masked autoencoders (ViT-MAE,
+# Hiera) hide a random share of the patches (`mask_ratio`) on every call
+_NOISE_ATTRS = ("jitter_noise", "mask_ratio")
+_CONFIG_NOISE = ("mask_time_prob", "mask_feature_prob", "mask_ratio")  # and speech models' SpecAugment masks
+# random augmentations of rotary positions' coordinates in training (DINOv3's RoPE): None switches them off
+_CONFIG_AUGMENT = ("pos_embed_shift", "pos_embed_jitter", "pos_embed_rescale")
 
 
 def _zero_rates(obj: object, extra: tuple[str, ...]) -> None:
@@ -55,8 +59,10 @@ def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
     training: dropout layers, stochastic depth (torchvision's ``StochasticDepth``, transformers' DropPath
     modules, which drop whole residual branches per sample), router jitter noise, the rates modules keep as
     float attributes for ``F.dropout`` (any attribute named like a dropout rate: Seed-OSS's
-    ``residual_dropout``), and the same rates and SpecAugment mask probabilities in transformers' configs,
-    which some layers read while training (wav2vec2's ``layerdrop``, HuBERT's ``mask_time_prob``)."""
+    ``residual_dropout``), and the same rates, SpecAugment mask probabilities and masked autoencoders'
+    mask ratios in transformers' configs, which some layers read while training (wav2vec2's ``layerdrop``,
+    HuBERT's ``mask_time_prob``, ViT-MAE's ``mask_ratio``: with none masked, its random patch order no
+    longer changes the loss), and the random shift, jitter and rescale of DINOv3's rotary coordinates."""
     from torchvision.ops import StochasticDepth  # here: the CLI starts without importing torchvision
 
     configs = {}
@@ -69,6 +75,9 @@ def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
             configs[id(cfg)] = cfg
     for cfg in configs.values():
         _zero_rates(cfg, _CONFIG_NOISE)
+        for attr in _CONFIG_AUGMENT:
+            if getattr(cfg, attr, None) is not None:
+                setattr(cfg, attr, None)
     return model
 
 
