@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--tier", choices=("unit", "models", "full"), required=True,
-                     help="unit: the fast pytest tier (or --suite); models: the headline models and one tiny model per "
-                          "zoo trait (what `make run` runs); full: every zoo model and config and "
+                     help="unit: the fast pytest tier (or --suite); models: the headline models and the catalog's "
+                          "representative set, tiny models covering every trait value (what `make run` runs); full: every zoo model and config and "
                           "every catalog model, on every backend")
     run.add_argument("--backend", help="pfvm:cpu | pfvm:cuda | emu2 | mncore2:auto, or several comma-separated "
                                        "(default: pfvm:cpu; full: pfvm:cpu, pfvm:cuda when present, emu2, mncore2:auto)")

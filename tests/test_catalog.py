@@ -36,6 +36,20 @@ def test_shrink_cuts_sizes_and_keeps_attention_kinds():
     assert tiny["text_config"]["hidden_size"] == HIDDEN and tiny["text_config"]["num_hidden_layers"] == LAYERS
 
 
+def test_shrink_moves_a_backbones_outputs_onto_the_cut_stack():
+    from transformers import Dinov2Config, SwinConfig
+
+    stages = ["stem"] + [f"stage{i}" for i in range(1, 13)]
+    one = shrink({"num_hidden_layers": 12, "stage_names": stages, "out_features": ["stage12"], "out_indices": [12]})
+    assert (one["num_hidden_layers"], one["out_indices"], one["out_features"]) == (LAYERS, [LAYERS], [f"stage{LAYERS}"])
+    four = shrink(Dinov2Config(num_hidden_layers=12, out_indices=[9, 10, 11, 12]).to_dict())
+    assert four["num_hidden_layers"] == 4 and four["out_indices"] == [1, 2, 3, 4]  # a stage of its own each
+    assert Dinov2Config.from_dict(four).out_features == ["stage1", "stage2", "stage3", "stage4"]  # the library agrees
+    # stages that are not layers (Swin: one per entry of `depths`) keep their outputs as they were
+    swin = SwinConfig(out_indices=[4]).to_dict()
+    assert shrink(swin)["out_indices"] == [4] and SwinConfig.from_dict(shrink(swin)).out_features == ["stage4"]
+
+
 def test_traits_of_a_small_cnn_come_from_its_modules_and_ops():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8),
@@ -72,6 +86,30 @@ def test_a_catalog_spec_builds_and_trains_a_step():
     assert math.isfinite(loss.item()) and sum(p.numel() for p in model.parameters()) < 10**6
     with pytest.raises(KeyError, match="harness zoo list --catalog"):
         model_zoo.get("hf_no_such_model")
+
+
+@pytest.mark.parametrize("name,labels", [
+    ("hf_clipseg", set()),  # contrastive image-text: its loss is asked for, not given labels
+    ("hf_splinter", {"start_positions", "end_positions"}),
+    ("hf_openai_privacy_filter", {"labels"}),
+    ("hf_patchtst", {"target_values"}),
+])
+def test_heads_of_the_later_tasks_train_on_their_own_loss(name: str, labels: set[str]):
+    import model_zoo
+    from model_zoo.catalog import hf
+
+    spec = model_zoo.get(name)
+    batch = spec.make_batch("tiny", seed=0)
+    assert labels <= batch.keys()
+    model = spec.build("tiny").eval()  # no dropout: both calls below compute the same function
+    options = {"return_loss": True} if spec.traits["task"] == "zero-shot-image-classification" else {}
+    own = model(**batch, **options).loss  # the library's loss, which the catalog must train on
+    assert own is not None and torch.allclose(spec.loss(model, batch), own)
+    model.train()
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = model_zoo.train_step(spec, model, spec.optimizer(model.parameters()), batch)
+    assert math.isfinite(loss.item()) and any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert hf.candidates()[name][1] == spec.traits["task"]
 
 
 def test_catalog_file_is_sorted_versioned_and_meets_its_targets():

@@ -2,7 +2,9 @@
 
 Each model type (``CONFIG_MAPPING_NAMES``) is tried with the first task head it has in ``TASKS``
 (seq2seq before masked LM before causal LM, so that an encoder-decoder is trained as one and an
-encoder as an encoder, not through the decoder head some encoders also have); its default
+encoder as an encoder, not through the decoder head some encoders also have; contrastive image-text
+models, depth, QA, time series, backbones and bare encoders come after every head the first catalog
+had, so that no model type it held changed its head); its default
 config is shrunk generically (``shrink``) and the head built from it with random weights. Batches
 follow the model class's ``main_input_name`` (token ids, pixels, audio samples, audio features) and
 carry the task's labels so that the library's own loss is trained; a head without a loss is trained
@@ -11,7 +13,7 @@ on the mean square of its first output.
 from __future__ import annotations
 
 import copy
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import torch
@@ -31,6 +33,16 @@ TASKS = (
     ("audio-classification", "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES"),
     ("semantic-segmentation", "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES"),
     ("video-classification", "MODEL_FOR_VIDEO_CLASSIFICATION_MAPPING_NAMES"),
+    ("zero-shot-image-classification", "MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES"),  # contrastive
+    ("depth-estimation", "MODEL_FOR_DEPTH_ESTIMATION_MAPPING_NAMES"),
+    ("image-to-image", "MODEL_FOR_IMAGE_TO_IMAGE_MAPPING_NAMES"),
+    ("question-answering", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES"),
+    ("token-classification", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),
+    ("time-series-regression", "MODEL_FOR_TIME_SERIES_REGRESSION_MAPPING_NAMES"),
+    # heads without a loss of their own (trained on the mean square of their first output)
+    ("backbone", "MODEL_FOR_BACKBONE_MAPPING_NAMES"),
+    ("image-features", "MODEL_FOR_IMAGE_MAPPING_NAMES"),
+    ("text-encoding", "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES"),
 )
 PREFIX = "hf_"
 AUDIO_SAMPLES = 8000  # 0.5 s at 16 kHz: 24 frames after wav2vec2-style feature encoders (stride 320), more
@@ -94,6 +106,16 @@ def _size(v: Any) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
+def _pixels(config: Any, task: str, n: int, g: torch.Generator) -> torch.Tensor:
+    """Images (or, for video classification, clips) of the config's size and channels."""
+    h, w = _size(_get(config, "image_size", default=32))
+    shape = (n, int(_get(config, "num_channels", default=3)), h, w)
+    frames = _get(config, "num_frames")
+    if task == "video-classification" and frames:
+        shape = (n, int(frames), *shape[1:])
+    return torch.randn(shape, generator=g)
+
+
 def batch(cfg: dict, n: int, g: torch.Generator) -> dict:
     """Inputs by the head's main input name, with the task's labels."""
     import transformers
@@ -108,13 +130,13 @@ def batch(cfg: dict, n: int, g: torch.Generator) -> dict:
         b = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         if task == "seq2seq-lm":
             b["decoder_input_ids"] = ids
+        if task == "zero-shot-image-classification":  # an image per text, trained on the contrastive loss
+            b["pixel_values"] = _pixels(config, task, n, g)
     elif main == "pixel_values":
-        h, w = _size(_get(config, "image_size", default=32))
-        shape = (n, int(_get(config, "num_channels", default=3)), h, w)
-        frames = _get(config, "num_frames")
-        if task == "video-classification" and frames:
-            shape = (n, int(frames), *shape[1:])
-        b = {"pixel_values": torch.randn(shape, generator=g)}
+        b = {"pixel_values": _pixels(config, task, n, g)}
+    elif main == "past_values":
+        context, channels = int(_get(config, "context_length", default=32)), int(_get(config, "num_input_channels", default=1))
+        b = {"past_values": torch.randn(n, context, channels, generator=g)}
     elif main == "input_values":
         b = {"input_values": torch.randn(n, AUDIO_SAMPLES, generator=g)}
     elif main == "input_features":
@@ -130,6 +152,12 @@ def batch(cfg: dict, n: int, g: torch.Generator) -> dict:
         b["labels"] = torch.randint(3, vocab, (n, SEQ), generator=g)
     elif task in ("sequence-classification", "image-classification", "audio-classification", "video-classification"):
         b["labels"] = torch.randint(0, labels, (n,), generator=g)
+    elif task == "token-classification":
+        b["labels"] = torch.randint(0, labels, (n, SEQ), generator=g)
+    elif task == "question-answering":
+        b["start_positions"], b["end_positions"] = torch.randint(0, SEQ, (2, n), generator=g)
+    elif task == "time-series-regression":
+        b["target_values"] = torch.randn(n, int(_get(config, "num_targets", default=1)), generator=g)
     elif task == "ctc":
         b["labels"] = torch.randint(3, vocab, (n, 2), generator=g)
     elif task == "semantic-segmentation":
@@ -154,10 +182,16 @@ def first_float(out: Any) -> torch.Tensor:
     raise ValueError("the model output holds no floating-point tensor")
 
 
-def loss(model: torch.nn.Module, b: dict) -> torch.Tensor:
-    out = model(**b)
+def loss(model: torch.nn.Module, b: dict, **options: Any) -> torch.Tensor:
+    """The head's own loss (``options`` such as ``return_loss=True`` ask for it), else the mean square of
+    its first output, in float32 at least: a half-precision output is widened, a float64 one (the golden
+    reference's) kept, or the reference's loss would carry float32's rounding."""
+    out = model(**b, **options)
     got = getattr(out, "loss", None)
-    return got if got is not None else first_float(out).float().pow(2).mean()
+    if got is not None:
+        return got
+    first = first_float(out)
+    return first.to(torch.promote_types(first.dtype, torch.float32)).pow(2).mean()
 
 
 def spec(name: str) -> ModelSpec:
@@ -165,7 +199,8 @@ def spec(name: str) -> ModelSpec:
     return ModelSpec(
         name=name, family=model_type, traits={"task": task},
         configs={"tiny": {"model_type": model_type, "task": task, "arch": arch}}, batch_sizes={"tiny": 2},
-        build_fn=build, batch_fn=batch, loss_fn=loss,
+        build_fn=build, batch_fn=batch,
+        loss_fn=partial(loss, return_loss=True) if task == "zero-shot-image-classification" else loss,
         optimizer_fn=lambda params: torch.optim.AdamW(params, lr=1e-4),
         notes=f"transformers {arch}, default config shrunk (model_zoo/catalog/shrink.py), random weights",
         tags=("catalog", "transformers"),

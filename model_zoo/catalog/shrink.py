@@ -88,6 +88,20 @@ def _keep_layer_pattern(v: list, n: int) -> list:
     return v[:1] * (n - 1) + v[-1:] if n > 1 else v[:1]
 
 
+def _cut_out_stages(out: dict[str, Any], layer_key: str) -> None:
+    """A backbone's feature outputs (``out_indices``/``out_features``) moved onto the cut stack when its stages
+    are its layers (no per-stage depth list): as many outputs as before, on its last stages (enough layers
+    are kept for each to be its own)."""
+    picks, n = out.get("out_indices"), out[layer_key]
+    if not (isinstance(picks, list) and picks and all(isinstance(i, int) for i in picks) and max(picks) > n
+            and isinstance(out.get("stage_names"), list)) or any(isinstance(out.get(k), list) for k in _LIST_OF_DEPTHS):
+        return
+    n = out[layer_key] = max(n, len(picks))
+    out["out_indices"] = list(range(n - len(picks) + 1, n + 1))
+    out["out_features"] = [f"stage{i}" for i in out["out_indices"]]
+    out["stage_names"] = ["stem"] + [f"stage{i}" for i in range(1, n + 1)]
+
+
 def shrink(cfg: dict[str, Any]) -> dict[str, Any]:
     """A tiny copy of a config's ``to_dict()`` (sub-configs, dicts with a ``model_type``, shrunk too)."""
     out: dict[str, Any] = {}
@@ -107,7 +121,10 @@ def shrink(cfg: dict[str, Any]) -> dict[str, Any]:
     for heads, kv in (("num_attention_heads", "num_key_value_heads"), ("n_head", "n_head_kv")):
         if isinstance(cfg.get(kv), int) and cfg.get(kv) == cfg.get(heads):
             out[kv] = out[heads]  # as many key/value heads as heads: multi-head attention stays multi-head
-    layers = next((out[k] for k in ("num_hidden_layers", "num_layers", "n_layer") if isinstance(out.get(k), int)), None)
+    layer_key = next((k for k in ("num_hidden_layers", "num_layers", "n_layer") if isinstance(out.get(k), int)), None)
+    if layer_key is not None:
+        _cut_out_stages(out, layer_key)
+    layers = out[layer_key] if layer_key is not None else None
     for key in _PER_LAYER:
         if isinstance(out.get(key), list) and layers is not None and len(out[key]) > layers:
             out[key] = _keep_layer_pattern(out[key], layers)
