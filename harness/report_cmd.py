@@ -133,7 +133,7 @@ def render(name: str, d: Path) -> None:
         print(f"  not run: {note}")
     for note in tables.capture_notes(df):
         print(f"  captured lazy: {note}")
-    for t in tables.targets(name, df):
+    for t in tables.targets(name, every):
         print(f"  target {t.what} on {t.backend} ({t.limit}): {t.value} -> {t.verdict}" + (f" [{t.note}]" if t.note else ""))
     print(f"{name}: {d / 'results.jsonl'}, {d / 'results.csv'}; report {md}", flush=True)
 

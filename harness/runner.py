@@ -296,6 +296,13 @@ def _portable(text: str) -> str:
     return text
 
 
+def _reason(exc: BaseException) -> str:
+    """The exception's type and message, portable, cut at 500 characters of message after the directories
+    are taken off: cut before, a checkout or installation at a longer path kept less of the message, and
+    the expected reason of another machine did not match."""
+    return f"{type(exc).__name__}: {_portable(str(exc))[:500]}"
+
+
 def _fail(row: ModelRow, mode: str, status: str, reason: str, tb: str | None = None, sep: str = ": ") -> None:
     """A mode did not pass: the mode says so itself (``lazy_status``, ...); the row takes the first failure
     only, so a later mode never hides an earlier one's result."""
@@ -361,7 +368,7 @@ def run_one(model: str, config: str, backend: str, steps: int, seed: int = 0,
         try:
             res = fn()
         except Exception as e:  # noqa: BLE001 - the row records it
-            _fail(row, mode, _classify(e), _portable(f"{type(e).__name__}: {str(e)[:500]}"),
+            _fail(row, mode, _classify(e), _reason(e),
                   traceback.format_exc()[-2000:])
             continue
         ok, why, err = _agreement(_first(eager, n), res)

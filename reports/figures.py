@@ -70,7 +70,7 @@ def report_section(name: str, d: Path) -> list[str]:
     notes = tables.unavailable(every)
     if notes:
         out += ["Not run:", "", *[f"- {n}" for n in notes], ""]
-    ts = tables.targets(name, df)
+    ts = tables.targets(name, every)
     if ts:
         out += ["Targets, judged from the ratios of this run:", "", tables.to_markdown(tables.targets_table(ts)), ""]
     return out

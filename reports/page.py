@@ -232,7 +232,7 @@ def report_blocks(name: str, d: Path, heading: str = "h2", shared: frozenset[str
     notes = tables.unavailable(every)
     if notes:
         blocks += [("p", "Not run:"), ("ul", notes)]
-    ts = tables.targets(name, df)
+    ts = tables.targets(name, every)
     if ts:
         blocks += [(sub, "Targets (ratios measured in this run)"), ("table", tables.targets_table(ts))]
     blocks += [(sub, "Columns"), ("ul", COLUMNS[name])]

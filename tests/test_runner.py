@@ -502,3 +502,14 @@ def test_accuracy_runs_switch_off_random_rotary_coordinates():
             outs.append(first_float(model(**batch)))
     for out in outs[1:]:
         torch.testing.assert_close(out, outs[0])
+
+
+@pytest.mark.parametrize("where", ["purelib", "checkout"])
+def test_a_failure_reason_reads_the_same_wherever_the_checkout_is(where: str):
+    """Expected reasons (`ci/expected`) are compared as text: the message is cut at 500 characters after
+    the installation's or checkout's directory is taken off, so its length does not depend on that path
+    (cut before, `make run` in a clone at another path failed on every `not_compilable` row)."""
+    base = sysconfig.get_paths()["purelib"] if where == "purelib" else str(Path(runner.__file__).parent.parent)
+    message = "nonzero at " + "transformers/models/x.py:7 in forward: " + "y" * 600
+    got = runner._reason(RuntimeError(message.replace("transformers/", base + "/transformers/")))
+    assert got == "RuntimeError: " + message[:500]

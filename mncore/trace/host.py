@@ -108,9 +108,9 @@ def fallback(info: Any, func: Any, args: tuple, kwargs: dict, why: str) -> Any:
     """
     if tracer.capture is not None:
         raise NotCompilableError(
-            f"mncore: {info.name} at {describe_site(user_site())}: its output shape is not known before it runs "
-            f"({why}); a Context function compiles to one graph with static shapes, so it cannot hold this op: "
-            "run the step in lazy mode (.to('mncore') and mncore.sync()), which runs such ops eagerly")
+            f"mncore: {info.name} at {describe_site(user_site())}: its output shape is not known before it runs; "
+            "a Context function compiles to one graph with static shapes, so it cannot hold this op: run the step "
+            f"in lazy mode (.to('mncore') and mncore.sync()), which runs such ops eagerly (PyTorch: {why})")
     static = settings.static_shapes
     if static:
         host_fallback.admit(info.name, why)
