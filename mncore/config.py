@@ -26,6 +26,7 @@ IMPLICIT_SYNC_MODES = ("error", "warn", "silent")
 FALLBACK_MODES = ("warn", "error", "silent")
 EXECUTION_MODES = ("sync", "async_naive", "async")
 SIM_MODES = ("functional", "performance")
+BACKWARD_THREADS = ("caller", "device")
 PRECISION_POLICIES = ("double", "float", "mixed", "half")
 DEBUG_FLAGS = ("recompile",)
 
@@ -108,6 +109,10 @@ KNOBS: tuple[Knob, ...] = (
           ", ".join(FALLBACK_MODES)),
     _knob("execution", "async", _choice(EXECUTION_MODES), "init",
           "how sync() hands graphs to the worker", ", ".join(EXECUTION_MODES)),
+    _knob("backward_thread", "caller", _choice(BACKWARD_THREADS), "init (on the thread that calls it)",
+          "where autograd runs backward over mncore tensors: on the thread that calls backward() (caller), or on "
+          "PyTorch's per-device autograd thread, its default for accelerators (device), which hands the GIL to and "
+          "fro with the tracing thread (benchmarks/backward_thread.py: a lazy MLP step at w=64 took 1.1-1.4x as long)", ", ".join(BACKWARD_THREADS)),
     _knob("sim_mode", "functional", _choice(SIM_MODES), "init",
           "emu2/mncore2: compute values, or only model time", ", ".join(SIM_MODES)),
     _knob("float_dtype", "float", _choice(PRECISION_POLICIES), "init",
@@ -242,6 +247,7 @@ class Settings:
     implicit_sync: str = "warn"
     fallback: str = "warn"
     execution: str = "async"
+    backward_thread: str = "caller"
     float_dtype: str = "float"
     sim_mode: str = "functional"
     debug: frozenset = frozenset()

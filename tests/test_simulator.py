@@ -619,6 +619,43 @@ def test_performance_mode_counts_every_live_output_of_a_graph_run_again(sim):
     assert buffers.live_bytes() == base
 
 
+@pytest.mark.parametrize("execution", ["async", "sync"])
+def test_performance_mode_runs_jobs_in_the_modelled_queue_without_the_worker(sim, execution):
+    """A performance-mode job computes nothing, so the executor schedules it on the submitting thread: no
+    worker span, no hand-off. The queue stays the board's: jobs run in order, each for its modelled time,
+    and a reader is held until the end of the job it reads (async mode returns from ``sync()`` at once)."""
+    mncore.init("mncore2:auto", sim_mode="performance", execution=execution)
+    n = 2048  # ~5 ms modelled per matmul: long against the host's work per sync
+    a = torch.ones(n, n, device="mncore")
+    a = a @ a
+    mncore.sync()
+    mncore.wait_device_ops()
+    mncore.metrics.reset()
+    timeline.clear()
+    returns = []
+    for _ in range(3):
+        a = a @ a
+        mncore.sync()
+        returns.append(time.perf_counter())
+    first = a.cpu()  # waits for the last job only
+    read_done = time.perf_counter()
+    mncore.wait_device_ops()
+    drained = time.perf_counter()
+    device = sorted((ev for ev in timeline.events() if ev[0] == "device"), key=lambda ev: ev[2])
+    assert [ev for ev in timeline.events() if ev[0] == "worker"] == []
+    assert len(device) == 3 and all(ev[4]["time"] == "modelled" for ev in device)
+    assert all(later[2] >= earlier[3] for earlier, later in zip(device, device[1:])), "in order, one at a time"
+    counters = mncore.metrics.counters()
+    assert counters["graphs_executed"] == 3
+    assert counters["modelled_device_s"] == pytest.approx(sum(ev[3] - ev[2] for ev in device))
+    if execution == "sync":
+        assert all(r >= ev[3] for r, ev in zip(returns, device)), "sync mode returns after the job's end"
+    else:
+        assert counters["wait_s"] == 0.0, "async mode does not wait for a job"
+    assert read_done >= device[-1][3] and drained >= device[-1][3]
+    assert first.shape == (n, n)
+
+
 # ---------------------------------------------------------------------------------------------
 # the seed's programs, unchanged but for the device
 

@@ -11,6 +11,7 @@ import threading
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import mncore
 from tests.helpers import assert_same_training, ce, mlp, train
@@ -69,3 +70,30 @@ def test_threads_then_interpreter_exit_does_not_hang():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert r.returncode == 0 and r.stdout.strip() == "done", r.stderr
+
+
+@pytest.mark.parametrize("where", ["caller", "device"])
+def test_backward_runs_on_the_thread_init_chose_with_eager_gradients(where: str) -> None:
+    """``init(backward_thread=...)``: 'caller' (the default) runs backward on the thread that calls it,
+    'device' on PyTorch's per-device autograd thread; the gradients are eager PyTorch's either way."""
+    mncore.init_cpu(backward_thread=where)
+    try:
+        assert mncore.settings.backward_thread == where
+        torch.manual_seed(0)
+        model = mlp(16)
+        x, y = torch.randn(8, 16), torch.randint(0, 10, (8,))
+        ref = copy.deepcopy(model).double()
+        F.cross_entropy(ref(x.double()), y).backward()
+        lazy = copy.deepcopy(model).to("mncore")
+        threads: list[int] = []
+        out = lazy(x.to("mncore"))
+        out.register_hook(lambda g: threads.append(threading.get_ident()))
+        F.cross_entropy(out, y.to("mncore")).backward()
+        mncore.sync()
+        caller = threading.get_ident()
+        assert threads and all((t == caller) == (where == "caller") for t in threads)
+        for p, r in zip(lazy.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad.cpu().double(), r.grad, rtol=1e-5, atol=1e-6)
+    finally:
+        mncore.init_cpu()
+    assert mncore.settings.backward_thread == "caller" and not torch._C._is_multithreading_enabled()

@@ -83,6 +83,15 @@ class Device:
         """Raise ``DeviceOutOfMemoryError`` when a host copy of ``nbytes`` (a ``shape`` ``dtype`` tensor)
         cannot fit next to the live buffers."""
 
+    def models_only(self) -> bool:
+        """Whether a job computes nothing and only takes modelled time (a simulator in performance mode):
+        the executor then calls ``schedule`` on the submitting thread instead of ``run`` on the worker."""
+        return False
+
+    def schedule(self, exe: Executable, leaves: list, submitted: float) -> RunResult:
+        """For ``models_only`` devices: the job's outputs (uninitialised) and its modelled start and end."""
+        raise NotImplementedError
+
     def run(self, exe: Executable, leaves: list, args: list, submitted: float) -> RunResult:
         """Execute ``exe`` on ``args`` (buffers on ``exec_device`` and lifted scalars), on the worker."""
         raise NotImplementedError

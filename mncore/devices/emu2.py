@@ -5,15 +5,12 @@ applied where the device would round (``compile.precision``), so the numerics sh
 ``mixed`` and ``half`` do. Device time comes from the cost model: an in-order device queue where
 a job starts at max(submitted, previous job's end) and runs for its modelled time.
 ``functional`` mode computes values and records the modelled time without waiting for it;
-``performance`` mode skips the numerics (outputs are left uninitialised) and holds the worker
-for the modelled time, so that host tracing and device execution overlap as on the board.
+``performance`` mode skips the numerics (outputs are left uninitialised) and only schedules each job
+in the modelled queue: the executor runs it on the submitting thread, and a reader of its outputs is
+held until its modelled end, so that host tracing and device execution overlap as on the board.
 """
 from __future__ import annotations
 
-import ctypes
-import sys
-import threading
-import time
 import weakref
 from typing import Any
 
@@ -23,32 +20,11 @@ import torch.fx as fx
 from mncore.compile.executable import Executable
 from mncore.compile.precision import half_operands, round_to_format, storage_bytes
 from mncore.devices.base import Device, KernelFailed, RunResult
+from mncore.devices.timing import hold_until
 from mncore.errors import DeviceOutOfMemoryError
 from mncore.ir import buffers
 from mncore.sim.cost import cost_model
 from mncore.sim.hardware import hardware
-
-
-_slack = threading.local()
-_PR_SET_TIMERSLACK = 29
-
-
-def hold_until(end: float) -> None:
-    """Hold the calling thread until ``time.perf_counter() == end`` (a performance-mode job's modelled end).
-
-    Linux lets a sleep overrun by the thread's timer slack, 50 us by default: more than the modelled
-    time of a small graph, so a board would look up to 1.5x slower than modelled. The worker's slack is
-    set to 1 ns once (``prctl``), which leaves the scheduler's own latency, about 10 us here."""
-    if not getattr(_slack, "set", False):
-        _slack.set = True
-        if sys.platform.startswith("linux"):
-            try:
-                ctypes.CDLL(None).prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
-            except (OSError, AttributeError):  # no prctl: the default slack stays
-                pass
-    left = end - time.perf_counter()
-    if left > 0:
-        time.sleep(left)
 
 
 def _to_double(x: Any) -> Any:
@@ -167,16 +143,25 @@ class Emu2Device(Device):
                     n += storage_bytes(leaf.meta, policy)
         return n
 
-    def run(self, exe: Executable, leaves: list, args: list, submitted: float) -> RunResult:
+    def models_only(self) -> bool:
+        return self.sim_mode == "performance"
+
+    def schedule(self, exe: Executable, leaves: list, submitted: float) -> RunResult:
+        """Performance mode: the job's place in the board's queue and uninitialised outputs; every run of a
+        graph returns the same buffers (memory accounting still counts each output once)."""
         modelled = exe.modelled_s + cost_model().transfer(self.upload_bytes(leaves, exe.policy))
         start, end = self.queue.schedule(submitted, modelled)
-        if self.sim_mode == "performance":
-            hold_until(end)
-            outs = self._placeholders.get(exe)
-            if outs is None:  # values are not computed: every run of a graph returns the same uninitialised
-                # buffers (allocating them anew released and re-took the GIL once per output, each time
-                # waiting for the tracing thread; memory accounting still counts each output once)
-                outs = self._placeholders[exe] = tuple(
-                    torch.empty_strided(m.shape, m.stride, dtype=m.dtype) for m in exe.output_metas)
-            return RunResult(outs, modelled, start, end, measured_lane=None)
+        outs = self._placeholders.get(exe)
+        if outs is None:
+            outs = self._placeholders[exe] = tuple(
+                torch.empty_strided(m.shape, m.stride, dtype=m.dtype) for m in exe.output_metas)
+        return RunResult(outs, modelled, start, end, measured_lane=None)
+
+    def run(self, exe: Executable, leaves: list, args: list, submitted: float) -> RunResult:
+        if self.sim_mode == "performance":  # on the worker only when a job was already queued there
+            result = self.schedule(exe, leaves, submitted)
+            hold_until(result.end)
+            return result
+        modelled = exe.modelled_s + cost_model().transfer(self.upload_bytes(leaves, exe.policy))
+        start, end = self.queue.schedule(submitted, modelled)
         return RunResult(run_kernels(exe, args), modelled, start, end, measured_lane="emulator")

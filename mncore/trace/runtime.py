@@ -1,6 +1,8 @@
 """``mncore.init``: attach a device and choose the execution and precision modes for lazy mode."""
 from __future__ import annotations
 
+import torch
+
 from mncore import config
 from mncore.config import settings
 from mncore.devices import registry
@@ -12,7 +14,8 @@ from mncore.trace.sync import sync, wait_device_ops
 
 
 def init(device: str | None = None, *, implicit_sync: str | None = None, execution: str | None = None,
-         sim_mode: str | None = None, float_dtype: str | None = None, fallback: str | None = None) -> None:
+         sim_mode: str | None = None, float_dtype: str | None = None, fallback: str | None = None,
+         backward_thread: str | None = None) -> None:
     """Choose the execution device and modes; a second call syncs and drains pending work first.
 
     ``device``: default ``MNCORE_DEVICE`` (``mncore2:auto``); without any ``init`` call, the first
@@ -25,6 +28,9 @@ def init(device: str | None = None, *, implicit_sync: str | None = None, executi
     (or env ``MNCORE_FLOAT_DTYPE``); the numerics follow it on emu2/mncore2.
     ``fallback`` (emu2/mncore2): what an op with a data-dependent output shape does: 'warn' (default:
     it runs on the host, warning once per call site) | 'silent' | 'error' (or env ``MNCORE_FALLBACK``).
+    ``backward_thread``: 'caller' (default: ``backward()`` runs on the thread that calls it, as for CPU
+    tensors) | 'device' (PyTorch's per-device autograd thread) (or env ``MNCORE_BACKWARD_THREAD``); it is
+    set for the thread that calls ``init`` (``torch.autograd.set_multithreading_enabled`` is per thread).
     """
     dev = registry.parse(config.resolve("device", device))
     sim_mode = config.resolve("sim_mode", sim_mode)
@@ -32,6 +38,7 @@ def init(device: str | None = None, *, implicit_sync: str | None = None, executi
     mode = config.resolve("implicit_sync", implicit_sync)
     execution = config.resolve("execution", execution)
     fallback = config.resolve("fallback", fallback)
+    backward_thread = config.resolve("backward_thread", backward_thread)
     debug = config.get("debug")
     gcpolicy.at_init()
     if settings.device is not None:
@@ -50,6 +57,9 @@ def init(device: str | None = None, *, implicit_sync: str | None = None, executi
     settings.float_dtype = float_dtype
     settings.implicit_sync = mode
     settings.execution = execution
+    settings.backward_thread = backward_thread
+    # the device's autograd thread would trace backward while this one waits: each op's GIL hand-off costs
+    torch.autograd.set_multithreading_enabled(backward_thread == "device")
     settings.fallback = fallback
     settings.debug = debug
     tracer.record_frames = "recompile" in debug
