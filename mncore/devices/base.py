@@ -89,7 +89,8 @@ class Device:
         return False
 
     def schedule(self, exe: Executable, leaves: list, submitted: float) -> RunResult:
-        """For ``models_only`` devices: the job's outputs (uninitialised) and its modelled start and end."""
+        """For ``models_only`` devices: the job's outputs (uninitialised, exactly the shapes and dtypes of
+        ``exe.output_metas``) and its modelled start and end."""
         raise NotImplementedError
 
     def run(self, exe: Executable, leaves: list, args: list, submitted: float) -> RunResult:

@@ -105,15 +105,17 @@ class Executor:
         inherited = err is not None
         if err is None:
             try:
-                result = job.device.schedule(exe, job.leaves, job.submitted)
-                outs = _conform_outputs(exe, result.outs)
+                result = job.device.schedule(exe, job.leaves, job.submitted)  # outputs as exe.output_metas say
             except Exception as e:  # noqa: BLE001 - reported to the host, never swallowed
                 err = self._describe(exe, [], e)
         if err is None:
-            for leaf, o in zip(job.outs, outs):
-                buffers.put(leaf.bid, o)
+            buffers.put_all(zip([leaf.bid for leaf in job.outs], result.outs))
+            latch = None
+            for leaf in job.outs:
                 leaf.fallback = None
-                leaf.ready.set_at(result.end, hold_until)
+                if leaf.ready is not latch:  # one per job, as a rule
+                    latch = leaf.ready
+                    latch.set_at(result.end, hold_until)
             job.done.set_at(result.end, hold_until)
             with self._lock:
                 self._modelled_end = max(self._modelled_end, result.end)
@@ -208,8 +210,8 @@ class Executor:
                 err = self._describe(exe, args, e)
         t2 = timeline.now()
         if err is None:
-            for leaf, o in zip(job.outs, outs):
-                buffers.put(leaf.bid, o)
+            buffers.put_all(zip([leaf.bid for leaf in job.outs], outs))
+            for leaf in job.outs:
                 leaf.fallback = None  # the new value exists: the old one may be freed
         else:
             for leaf in job.outs:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from mncore.observe import metrics
 
@@ -19,15 +19,21 @@ _total = [0]  # bytes held by every buffer, kept up to date so device-memory che
 
 
 def _nbytes(t: Any) -> int:
-    return t.numel() * t.element_size() if hasattr(t, "element_size") else 0
+    return getattr(t, "nbytes", 0)  # a tensor's numel() * element_size(), in one attribute read
 
 
 def put(bid: int, tensor: Any) -> None:
-    n = _nbytes(tensor)
+    put_all(((bid, tensor),))
+
+
+def put_all(entries: Iterable[tuple[int, Any]]) -> None:
+    """``put`` for many buffers under one lock: a job's outputs (hundreds for a training step)."""
     with _lock:
-        _table[bid] = tensor
-        _total[0] += n - _sizes.get(bid, 0)
-        _sizes[bid] = n
+        for bid, tensor in entries:
+            n = _nbytes(tensor)
+            _table[bid] = tensor
+            _total[0] += n - _sizes.get(bid, 0)
+            _sizes[bid] = n
 
 
 def get(bid: int) -> Any:
