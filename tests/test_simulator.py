@@ -656,6 +656,20 @@ def test_performance_mode_runs_jobs_in_the_modelled_queue_without_the_worker(sim
     assert first.shape == (n, n)
 
 
+def test_performance_mode_async_naive_keeps_the_worker(sim):
+    """``async_naive`` shows the worker's contention with the tracing host, so its jobs still go through
+    the worker in performance mode (the other modes schedule them on the submitting thread)."""
+    mncore.init("mncore2:auto", sim_mode="performance", execution="async_naive")
+    a = torch.ones(256, 256, device="mncore")
+    timeline.clear()
+    b = a @ a
+    mncore.sync()
+    mncore.wait_device_ops()
+    assert [ev for ev in timeline.events() if ev[0] == "worker"], "the worker prepared the job"
+    assert [ev[4]["time"] for ev in timeline.events() if ev[0] == "device"] == ["modelled"]
+    assert b.shape == (256, 256)
+
+
 # ---------------------------------------------------------------------------------------------
 # the seed's programs, unchanged but for the device
 
