@@ -146,11 +146,15 @@ class Emu2Device(Device):
     def models_only(self) -> bool:
         return self.sim_mode == "performance"
 
+    def _place(self, exe: Executable, leaves: list, submitted: float) -> tuple[float, float, float]:
+        """The job's modelled time (its graph and the uploads it makes) and its (start, end) in the queue."""
+        modelled = exe.modelled_s + cost_model().transfer(self.upload_bytes(leaves, exe.policy))
+        return (modelled, *self.queue.schedule(submitted, modelled))
+
     def schedule(self, exe: Executable, leaves: list, submitted: float) -> RunResult:
         """Performance mode: the job's place in the board's queue and uninitialised outputs; every run of a
         graph returns the same buffers (memory accounting still counts each output once)."""
-        modelled = exe.modelled_s + cost_model().transfer(self.upload_bytes(leaves, exe.policy))
-        start, end = self.queue.schedule(submitted, modelled)
+        modelled, start, end = self._place(exe, leaves, submitted)
         outs = self._placeholders.get(exe)
         if outs is None:
             outs = self._placeholders[exe] = tuple(
@@ -162,6 +166,5 @@ class Emu2Device(Device):
             result = self.schedule(exe, leaves, submitted)
             hold_until(result.end)
             return result
-        modelled = exe.modelled_s + cost_model().transfer(self.upload_bytes(leaves, exe.policy))
-        start, end = self.queue.schedule(submitted, modelled)
+        modelled, start, end = self._place(exe, leaves, submitted)
         return RunResult(run_kernels(exe, args), modelled, start, end, measured_lane="emulator")

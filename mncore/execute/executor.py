@@ -101,35 +101,28 @@ class Executor:
         which the board's own runtime does not have. Returns the seconds waited (``sync`` mode only)."""
         exe = job.exe
         t0 = timeline.now()
-        err = next((e for e in map(_input_error, job.leaves) if e is not None), None)
+        err = next((e for e in (leaf.failure() for leaf in job.leaves) if e is not None), None)
         inherited = err is not None
         if err is None:
             try:
                 result = job.device.schedule(exe, job.leaves, job.submitted)  # outputs as exe.output_metas say
             except Exception as e:  # noqa: BLE001 - reported to the host, never swallowed
                 err = self._describe(exe, [], e)
+        self._store(job, None if err is not None else result.outs, err, inherited)
         if err is None:
-            buffers.put_all(zip([leaf.bid for leaf in job.outs], result.outs))
             latch = None
             for leaf in job.outs:
-                leaf.fallback = None
                 if leaf.ready is not latch:  # one per job, as a rule
                     latch = leaf.ready
                     latch.set_at(result.end, hold_until)
             job.done.set_at(result.end, hold_until)
             with self._lock:
                 self._modelled_end = max(self._modelled_end, result.end)
-            timeline.record("device", exe.name, result.start, result.end, nodes=exe.n_nodes, time="modelled",
-                            modelled_s=result.modelled_s)
-            metrics.add("modelled_device_s", result.modelled_s)
+            _record_modelled(exe, result)
         else:
             for leaf in job.outs:
-                leaf.error = err
                 leaf.ready.set()
             job.done.set()
-            if not inherited:
-                with self._lock:
-                    self._errors.append(err)
         job.prepared.set()
         job.release.clear()
         metrics.add("execute_s", timeline.now() - t0)
@@ -209,31 +202,34 @@ class Executor:
             except Exception as e:  # noqa: BLE001 - reported to the host, never swallowed
                 err = self._describe(exe, args, e)
         t2 = timeline.now()
-        if err is None:
-            buffers.put_all(zip([leaf.bid for leaf in job.outs], outs))
-            for leaf in job.outs:
-                leaf.fallback = None  # the new value exists: the old one may be freed
-        else:
-            for leaf in job.outs:
-                leaf.error = err
-            if not inherited:
-                with self._lock:
-                    self._errors.append(err)
+        self._store(job, None if err is not None else outs, err, inherited)
         for leaf in job.outs:
             leaf.ready.set()
         if result is not None and result.modelled_s is not None:
             if result.measured_lane is not None:
                 timeline.record(result.measured_lane, exe.name, t1, t2, nodes=exe.n_nodes,
                                 time="measured (host emulation)")
-            timeline.record("device", exe.name, result.start, result.end, nodes=exe.n_nodes, time="modelled",
-                            modelled_s=result.modelled_s)
-            metrics.add("modelled_device_s", result.modelled_s)
+            _record_modelled(exe, result)
         else:
             timeline.record("device", exe.name, t1, t2, nodes=exe.n_nodes, time="measured")
         metrics.add("execute_s", t2 - t1)
         metrics.add("graphs_executed")
         job.release.clear()  # freeing large buffers takes time: not on the host's
         job.done.set()
+
+    def _store(self, job: Job, outs: Any, err: BaseException | None, inherited: bool) -> None:
+        """The job's outputs into the buffer table (the values they replace may be freed now), or its error
+        on every output, kept for the host unless an input's graph already reported it (``inherited``)."""
+        if err is None:
+            buffers.put_all(zip([leaf.bid for leaf in job.outs], outs))
+            for leaf in job.outs:
+                leaf.fallback = None
+            return
+        for leaf in job.outs:
+            leaf.error = err
+        if not inherited:
+            with self._lock:
+                self._errors.append(err)
 
     @staticmethod
     def _describe(exe: Any, args: list, exc: Exception) -> DeviceExecutionError:
@@ -252,14 +248,11 @@ class Executor:
         return DeviceExecutionError(f"mncore: graph {exe.name} failed at op {op}: {type(exc).__name__}: {exc}")
 
 
-def _input_error(leaf: Any) -> BaseException | None:
-    """The error a job reading ``leaf`` inherits: its graph's, unless it has a value to fall back to
-    (what ``Data.wait`` returns or raises, without waiting)."""
-    while leaf.error is not None:
-        if leaf.fallback is None:
-            return leaf.error
-        leaf = leaf.fallback
-    return None
+def _record_modelled(exe: Any, result: Any) -> None:
+    """A simulated job's modelled span on the timeline's device lane, and its time in the metrics."""
+    timeline.record("device", exe.name, result.start, result.end, nodes=exe.n_nodes, time="modelled",
+                    modelled_s=result.modelled_s)
+    metrics.add("modelled_device_s", result.modelled_s)
 
 
 def _op_name(node: fx.Node, extra: str = "") -> str:

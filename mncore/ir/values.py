@@ -112,6 +112,16 @@ class Data:
             raise self.error
         return buffers.get(self.bid)
 
+    def failure(self) -> BaseException | None:
+        """The error :meth:`wait` would raise, known now without waiting (None: a value, or not yet known):
+        its graph's error, unless a value it replaces stands in for it."""
+        leaf = self
+        while leaf.error is not None:
+            if leaf.fallback is None:
+                return leaf.error
+            leaf = leaf.fallback
+        return None
+
     def __del__(self) -> None:
         try:
             buffers.free(self.bid)
