@@ -7,8 +7,11 @@ All times are measured wall time on the backend's host (pfvm devices execute rea
 is timed to its completion on the device (no overlap with the next step's trace: the per-step
 counters are read once the step's graphs finished), in lazy mode and with the Context API alike.
 The pipelined step times are ``harness report``'s (``harness/perf.py``). The captured mode runs
-``CAPTURE_WARMUP`` more steps than the others (capture records before it replays; eager runs them too,
-so every mode is judged against the same eager run) and is timed over the steps after them.
+``CAPTURE_WARMUP`` more steps than the others before its timed ones (capture records before it replays)
+and ``CAPTURE_TAIL`` after them: a re-validation (``Captured.check_next``, what every 100th call of a
+training loop does) and a call that replays only if the re-validation agreed, so a step that would stop
+replaying in a long run shows in the replays per step. Eager runs them all too, so every mode is judged
+against the same eager run.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ TOLERANCE_REASON = "model level: float32 summation order differs (foreach vs for
 # mncore.capture replays from its fourth call: the first records, the second is a new call key (now
 # with gradients and optimizer state), the third records again and agrees with the second.
 CAPTURE_WARMUP = 3
+CAPTURE_TAIL = 2  # after the timed steps: a re-validation, then a call that replays if it agreed
 _DROPOUT_WORDS = ("dropout", "pdrop", "drop_prob", "layerdrop")  # rates: attention_dropout, residual_dropout,
 # attn_pdrop, transformers' DropPath drop_prob, ...
 # mixture-of-experts routers (Switch, Mixtral) scale their input by noise; masked autoencoders (ViT-MAE,
@@ -155,7 +159,8 @@ def capture_warnings() -> Iterator[list[str]]:
 
 def run_lazy(spec: Any, config: str, backend: str, steps: int, seed: int, capture: bool = False) -> dict:
     """Lazy mode; ``capture``: the step wrapped in ``mncore.capture``, whose first ``CAPTURE_WARMUP`` steps
-    (its recordings) are left out of the step time and the replays per step."""
+    (its recordings) are left out of the step time and the replays per step, and whose last
+    ``CAPTURE_TAIL`` steps are a re-validation (left out of both) and a call counted in the replays only."""
     import mncore
     import model_zoo
 
@@ -171,7 +176,9 @@ def run_lazy(spec: Any, config: str, backend: str, steps: int, seed: int, captur
     losses, times, per_step, peak = [], [], [], 0
     t_prev = time.perf_counter()
     with capture_warnings() as refused:
-        for batch in batches:
+        for i, batch in enumerate(batches):
+            if capture and i == len(batches) - CAPTURE_TAIL:
+                step.check_next()
             c0 = mncore.metrics.counters()
             loss = step(model_zoo.batch_to(batch, "mncore"))
             mncore.sync()
@@ -196,11 +203,13 @@ def run_lazy(spec: Any, config: str, backend: str, steps: int, seed: int, captur
         "fallback_ops_per_step": last["fallback_ops"], "peak_device_bytes": peak,
     }
     if capture:
-        skip = CAPTURE_WARMUP if steps > CAPTURE_WARMUP else 0
-        measured = per_step[skip:]
-        out.update(warmup=skip, replays_per_step=sum(s["replays"] for s in measured) / len(measured),
+        skip, end = CAPTURE_WARMUP, steps - CAPTURE_TAIL
+        if end <= skip:
+            raise ValueError(f"a captured run needs more than {CAPTURE_WARMUP + CAPTURE_TAIL} steps, got {steps}")
+        counted = per_step[skip:end] + per_step[-1:]  # the timed steps and the call after the re-validation
+        out.update(warmup=skip, replays_per_step=sum(s["replays"] for s in counted) / len(counted),
                    retraces=mncore.metrics.capture_retraces(), refused="; ".join(refused),
-                   step_ms=statistics.median(times[skip:]) * 1e3 if skip else out["step_ms"])
+                   step_ms=statistics.median(times[skip:end]) * 1e3)
     return out
 
 
@@ -350,7 +359,7 @@ def run_one(model: str, config: str, backend: str, steps: int, seed: int = 0,
     except (KeyError, ValueError) as e:
         row.status, row.reason = "skipped", str(e).strip("'\"")
         return row
-    total = steps + CAPTURE_WARMUP
+    total = steps + CAPTURE_WARMUP + CAPTURE_TAIL
     try:
         eager = run_eager(spec, config, total, seed, keep=(steps,))
     except Exception as e:  # noqa: BLE001 - the row records it

@@ -266,6 +266,23 @@ def test_gpt2_tiny_adamw_capturable_with_dropout_replays_like_retrace():
     assert not torch.equal(torch.stack(c.losses[3:]), torch.stack(a.losses[3:]))  # the seed reaches the replays
 
 
+def test_gpt2_tiny_keeps_replaying_through_periodic_re_validations():
+    """transformers' mask code makes scalar host tensors on every call; two equal ones become a constant,
+    and a re-validation (here every 3rd call of the key) must agree with it, not refuse the step."""
+    spec = model_zoo.get("gpt2_small")
+    model = _gpt2_tiny(0.0)
+    batches = _gpt2_batches(10)
+    before = mncore.metrics.counters()
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        a = _train(model, batches, "capture", _adamw(True), spec.loss, capture=mncore.capture(check_every=3))
+    d = _delta(before, "captures", "replays")
+    assert _capture_warnings(rec) == []
+    # call 1 records its own key (no .grad yet); the second key's calls 2, 3 record, 4, 7, 10 re-validate
+    assert d["captures"] == 6 and d["replays"] == 4
+    _assert_identical(a, _train(model, batches, "lazy", _adamw(True), spec.loss))
+
+
 def test_gpt2_tiny_replays_draw_fresh_dropout_numbers_each_call():
     spec = model_zoo.get("gpt2_small")
     batch = model_zoo.batch_to(_gpt2_batches(1)[0], "mncore")
@@ -928,6 +945,82 @@ def test_periodic_revalidation_catches_a_hidden_python_number(how: str, monkeypa
             mncore.sync()
             assert torch.equal(out, lazy.cpu()), call
             torch.testing.assert_close(out, cpu_model(x) * scale)
+
+
+OFFSET = 0.5  # the value of the host scalar the step below makes on every call
+
+
+def _run_host_scalar_step(calls: int, change_at: int | None) -> tuple[list, list[bool], list[int], list[str], list]:
+    """A step that makes a host scalar tensor on every call (as transformers' attention-mask code does),
+    with re-validation every 3 calls; ``OFFSET`` becomes 1.5 before call ``change_at``. Returns the
+    outputs, which calls replayed, the calls that warned, the warnings and the offset of each call."""
+    global OFFSET
+    torch.manual_seed(0)
+    x = torch.randn(6)
+    xd = x.mncore()
+
+    def step(inp):
+        return inp * 2 + torch.tensor(OFFSET)  # host-scalar:offset
+
+    fn = mncore.capture(check_every=3)(step)
+    outs, replayed, warned_at, offsets = [], [], [], []
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for call in range(1, calls + 1):
+            if call == change_at:
+                OFFSET = 1.5
+            before = mncore.metrics.counters()["replays"]
+            n_warn = len(_capture_warnings(rec))
+            outs.append(fn(xd).cpu())
+            offsets.append(OFFSET)
+            replayed.append(mncore.metrics.counters()["replays"] == before + 1)
+            if len(_capture_warnings(rec)) > n_warn:
+                warned_at.append(call)
+    return outs, replayed, warned_at, _capture_warnings(rec), [x * 2 + o for o in offsets]
+
+
+def test_a_host_scalar_made_alike_on_every_call_stays_a_constant_through_re_validation(monkeypatch):
+    """Two recordings that made equal scalar host tensors turn them into a constant; a re-validation
+    makes the tensor again and must compare it with that constant, not refuse (GPT-2 stopped
+    replaying for good at its 100th call)."""
+    monkeypatch.setattr(sys.modules[__name__], "OFFSET", 0.5)
+    outs, replayed, warned_at, msgs, want = _run_host_scalar_step(12, None)
+    assert warned_at == [] and msgs == []
+    # 1, 2 record; 3, 6, 9, 12 re-validate (and agree); the others replay
+    assert replayed == [False, False, False, True, True, False, True, True, False, True, True, False]
+    for out, ref in zip(outs, want):
+        torch.testing.assert_close(out, ref)
+
+
+def test_check_next_makes_the_next_call_a_re_validation():
+    torch.manual_seed(0)
+    x = torch.randn(6)
+    w = torch.randn(6).mncore()
+    fn = mncore.capture(check_every=0)(lambda inp: inp * w + 1)
+    kinds = []
+    for call in range(1, 8):
+        if call == 5:
+            fn.check_next()
+        before = mncore.metrics.counters()
+        out = fn(x.mncore())
+        d = _delta(before, "captures", "replays")
+        kinds.append("replay" if d == {"captures": 0, "replays": 1} else "record" if d["captures"] == 1 else d)
+        torch.testing.assert_close(out.cpu(), x * w.cpu() + 1)
+    # 1, 2 record and agree; 3, 4 replay; 5 records again (agrees); 6, 7 replay
+    assert kinds == ["record", "record", "replay", "replay", "record", "replay", "replay"]
+
+
+def test_re_validation_refuses_a_host_scalar_whose_value_changed(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "OFFSET", 0.5)
+    outs, replayed, warned_at, msgs, want = _run_host_scalar_step(9, change_at=4)
+    # calls 4 and 5 replay the old value (what re-validation bounds); call 6 re-validates and refuses;
+    # 7, 8 are traced; 9 (due again) records afresh, and the new value is made anew compared with call 6's
+    assert warned_at == [6] and len(msgs) == 1, msgs
+    assert "holds another value" in msgs[0] and _line("host-scalar:offset") in msgs[0], msgs[0]
+    assert replayed == [False, False, False, True, True, False, False, False, False]
+    for call, (out, ref) in enumerate(zip(outs, want), start=1):
+        if call not in (4, 5):
+            torch.testing.assert_close(out, ref)
 
 
 # ---------------------------------------------------------------------------------------------- 13. sync inside

@@ -110,10 +110,33 @@ def test_captured_mode_records_why_capture_refused_a_step():
     spec = model_zoo.get("mlp_w64")
     reads = dataclasses.replace(spec, loss_fn=lambda model, batch: spec.loss(model, batch) * (
         1.0 + 0.0 * float(batch["x"].sum())))
-    plain = runner.run_lazy(reads, "tiny", "pfvm:cpu", steps=4, seed=0)
-    res = runner.run_lazy(reads, "tiny", "pfvm:cpu", steps=4, seed=0, capture=True)
+    plain = runner.run_lazy(reads, "tiny", "pfvm:cpu", steps=6, seed=0)
+    res = runner.run_lazy(reads, "tiny", "pfvm:cpu", steps=6, seed=0, capture=True)
     assert res["replays_per_step"] == 0.0 and "on the host" in res["refused"], res["refused"]
     assert res["losses"] == plain["losses"]  # exact on purpose: both trace the same graphs every step
+
+
+def test_captured_mode_shows_a_step_its_re_validation_refuses():
+    """The captured run ends with a re-validation and one more call: a step that replays but changes what
+    it computes behind capture's back (here a Python number, changed from the fourth traced call on) is
+    refused there, and the call after it is traced, so the replays per step fall below 1."""
+    import dataclasses
+
+    import model_zoo
+
+    spec = model_zoo.get("mlp_w64")
+    traced = [0]
+
+    def loss(model, batch):
+        traced[0] += 1
+        return spec.loss(model, batch) * (1.0 if traced[0] <= runner.CAPTURE_WARMUP else 0.5)
+
+    hidden = dataclasses.replace(spec, loss_fn=loss)
+    steps = runner.CAPTURE_WARMUP + 2 + runner.CAPTURE_TAIL  # two timed steps
+    res = runner.run_lazy(hidden, "tiny", "pfvm:cpu", steps=steps, seed=0, capture=True)
+    assert traced[0] == runner.CAPTURE_WARMUP + runner.CAPTURE_TAIL  # the timed steps replayed
+    assert res["replays_per_step"] == pytest.approx(2 / 3), res  # the call after the re-validation was traced
+    assert "Python number" in res["refused"], res["refused"]
 
 
 def test_unknown_backend_and_model_are_skipped_rows():
@@ -315,7 +338,7 @@ def test_result_files_round_trip_into_pandas(tmp_path):
     rows = [runner.run_one("mlp_w64", "tiny", "pfvm:cpu", steps=2)]
     captured = rows[0].lazy_captured
     assert (captured.status, captured.reason, captured.warmup, captured.replays_per_step) == ("pass", "", 3, 1.0)
-    assert len(captured.losses) == len(rows[0].eager_losses) == 2 + runner.CAPTURE_WARMUP
+    assert len(captured.losses) == len(rows[0].eager_losses) == 2 + runner.CAPTURE_WARMUP + runner.CAPTURE_TAIL
     assert rows[0].captured_context_ratio == pytest.approx(captured.step_ms / rows[0].context.step_ms)
     jsonl, csv, _ = write_results(rows, tmp_path, tiers.metadata("models", 2), stamp=True)
     back = [json.loads(line) for line in jsonl.read_text().splitlines()]

@@ -65,6 +65,7 @@ class Captured:
         self.world = World()
         self._warned: set[str] = set()
         self._evicted = 0
+        self._check_next = False
         functools.update_wrapper(self, fn, updated=())  # the name and docs, not the function's attributes
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
@@ -95,7 +96,8 @@ class Captured:
         else:
             self.entries.move_to_end(key)
         entry.calls += 1
-        due = self.check_every > 0 and entry.calls % self.check_every == 0
+        due = (self.check_every > 0 and entry.calls % self.check_every == 0) or self._check_next
+        self._check_next = False
         if entry.refused is not None:
             if not due:
                 return self.fn(*args, **kwargs)
@@ -156,6 +158,12 @@ class Captured:
         if self.strict:
             raise CaptureError(message)
         warnings.warn(message, CaptureWarning, stacklevel=4)  # the caller of the captured function
+
+    def check_next(self) -> None:
+        """Make the next call a re-validation, as every ``check_every``-th call is: it traces the step
+        and compares the recording with the one it replays (a refusal warns why). For a test or a
+        harness that wants to know a step stays replayable without waiting for the periodic check."""
+        self._check_next = True
 
     def reset(self) -> None:
         """Forget every recording (the next call records afresh)."""

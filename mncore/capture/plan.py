@@ -256,8 +256,8 @@ def disagreement(old: Plan, new: Plan) -> Disagreement | None:
         why = _binding_difference(a, b)
         if isinstance(why, Disagreement):
             return why
-        if why == "const":
-            new.bindings[k] = ("const", b[4])
+        if why == "const":  # the scalar is kept, so that a later recording (a re-validation) compares with it
+            new.bindings[k] = ("const", b[4], b[2])
     if len(old.effects) != len(new.effects) or not all(map(_same_effect, old.effects, new.effects)):
         return Disagreement("the step writes different tensors than on the previous call")
     if [o[0] for o in old.outputs] != [o[0] for o in new.outputs] or old.out_spec != new.out_spec:
@@ -281,7 +281,12 @@ def _graph_difference(old: Plan, new: Plan) -> str:
 
 
 def _binding_difference(a: tuple, b: tuple) -> str | Disagreement | None:
-    """None: the same source; "const": two equal scalar host tensors made by the calls; else why not."""
+    """None: the same source; "const": two equal scalar host tensors made by the calls (``a`` may be the
+    constant an earlier agreement made of such a tensor: ``("const", leaf, scalar)``); else why not."""
+    if a[0] == "const" and b[0] == "host" and len(a) > 2:
+        return "const" if _equal_scalars(a[2], b[2]) else Disagreement(
+            f"the host tensor {b[5]} read at {describe_site(b[3])} holds another value than on the calls "
+            "recorded before; pass it as an argument, or make it on the device")
     if a[0] != b[0]:
         return Disagreement("the step reads its inputs from different places than on the previous call")
     kind = a[0]
@@ -290,7 +295,7 @@ def _binding_difference(a: tuple, b: tuple) -> str | Disagreement | None:
     if kind == "host":
         if a[1]() is not None and a[1]() is b[1]():
             return None
-        if a[2] is not None and b[2] is not None and a[2].dtype == b[2].dtype and torch.equal(a[2], b[2]):
+        if _equal_scalars(a[2], b[2]):
             return "const"
         # a new host tensor on every call: data (a batch prepared inside the step) or a constant, capture
         # cannot tell which, and replaying an old batch would be silently wrong
@@ -301,6 +306,11 @@ def _binding_difference(a: tuple, b: tuple) -> str | Disagreement | None:
     if _same_place(a, b):
         return None
     return Disagreement("the step reads different tensors than on the previous call")
+
+
+def _equal_scalars(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """Two scalar (or empty) host tensors a step made, copied when recorded, of one dtype and value."""
+    return a is not None and b is not None and a.dtype == b.dtype and torch.equal(a, b)
 
 
 def _same_place(a: tuple, b: tuple) -> bool:
