@@ -1,6 +1,7 @@
 """The expected-failures file (``ci/expected_op_failures.json``) of the generated op tests (``suite``
 ``registry``, the default: ``op`` is an aten overload) and of the OpInfo suites (``opinfo``: an OpInfo
-name such as ``div.floor_rounding``; ``modules``: a module_db name such as ``nn.LSTM``)."""
+name such as ``div.floor_rounding``; ``modules``: a module_db name such as ``nn.LSTM``; ``optim``: an
+optimizer class name such as ``Adam``)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ from pathlib import Path
 
 PATH = Path(__file__).resolve().parent.parent / "ci" / "expected_op_failures.json"
 CATEGORIES = ("not-implemented", "precision", "nondeterministic", "input-generation", "metadata-static")
-SUITES = ("registry", "opinfo", "modules")
+SUITES = ("registry", "opinfo", "modules", "optim")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""``harness run --tier unit|models|full`` (and ``--tier unit --suite opinfo|modules``): check the inputs, run the cells, write results as rows
+"""``harness run --tier unit|models|full`` (and ``--tier unit --suite opinfo|modules|optim``): check the inputs, run the cells, write results as rows
 finish, check or update the expectations.
 
 Every input is checked before anything runs or is written (unknown model, config or backend, a
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from harness import cluster
 from harness.argtypes import USAGE_ERROR, UsageError, directory, positive_int
+from harness.suites.cell import SUITES
 
 if TYPE_CHECKING:
     from harness.results import ResultsFiles
@@ -34,9 +35,10 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--out", type=directory, help="results directory (default results/<timestamp>)")
     run.add_argument("--jobs", type=positive_int, default=1, help="models run in parallel (each in its own process)")
     run.add_argument("--timeout", type=positive_int, default=900, help="seconds per model")
-    run.add_argument("--suite", choices=("opinfo", "modules"),
-                     help="unit tier: run PyTorch's OpInfo database (opinfo) or nn module database (modules) on "
-                          "--backend instead of the pytest unit tests (results as rows; see docs/conformance.md)")
+    run.add_argument("--suite", choices=SUITES,
+                     help="unit tier: run PyTorch's OpInfo database (opinfo), nn module database (modules) or "
+                          "optimizer database (optim) on --backend instead of the pytest unit tests (results as rows; "
+                          "see docs/conformance.md)")
     run.add_argument("--ops", help="--suite: comma-separated op or module names to run instead of the whole database")
     run.add_argument("--samples", type=positive_int, default=8, help="--suite: the first N samples of each op")
     run.add_argument("--no-backward", action="store_true", help="--suite: check forward outputs only")

@@ -20,6 +20,7 @@ import pandas as pd
 
 from reports import full_tier, tables
 from reports.results import load, read_meta, split_peers
+from reports.schema import DATABASES
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED = ROOT / "reports" / "published"
@@ -78,14 +79,15 @@ def report_section(name: str, d: Path) -> list[str]:
 
 def conformance_section(path: Path) -> list[str]:
     rates = json.loads(path.read_text())
-    rows = [{"suite": "op_db" if r["suite"] == "opinfo" else "module_db", "backend": r["backend"],
+    rows = [{"suite": DATABASES[r["suite"]], "backend": r["backend"],
              "checks": r["checks"].replace("+", " + "),
              "pass (ops or modules)": f"{r['ops_pass']} / {r['ops']} ({r['ops_pass_pct']:.2f} %)",
              "pass (samples)": f"{r['samples_pass']:,} / {r['samples']:,} ({r['samples_pass_pct']:.2f} %)",
              "samples per op": r["samples_cap"], "measured": r["when"], "commit": f"`{r['commit']}`"}
             for _, r in sorted(rates.items(), key=lambda kv: (kv[1]["suite"], kv[1]["backend"]))]
-    return ["## Conformance: PyTorch's OpInfo and ModuleInfo databases", "",
-            "Forward outputs and gradients against eager PyTorch on the CPU (what is checked: "
+    return ["## Conformance: PyTorch's OpInfo, ModuleInfo and OptimizerInfo databases", "",
+            "Forward outputs and gradients (optimizers: parameters, state and loss after three steps) against "
+            "eager PyTorch on the CPU (what is checked: "
             "[conformance.md](conformance.md)). Source: `docs/conformance-results/pass_rates.json`.", "",
             tables.to_markdown(pd.DataFrame(rows)), ""]
 

@@ -355,12 +355,17 @@ class PerfRow(Row):
     """Written as ``compile_*``: the step with the model under ``torch.compile`` (inductor, CPU; peers rows)."""
 
 
+# the database of each suite (an OpRow's ``config``)
+DATABASES = {"opinfo": "op_db", "modules": "module_db", "optim": "optim_db"}
+
+
 @dataclass(kw_only=True)
 class OpRow(Row):
-    """One op of PyTorch's OpInfo database (or one module of its module database) on one backend, by
-    ``harness run --tier unit --suite opinfo|modules``: its first samples checked against eager CPU
-    (always measured wall time). The shared fields read: ``model`` the op or module name (``div.floor_rounding``,
-    ``nn.Linear``), ``config`` the database (``op_db`` or ``module_db``), ``steps`` the samples checked.
+    """One op of PyTorch's OpInfo database (or one module of its module database, one optimizer of its
+    optimizer database) on one backend, by ``harness run --tier unit --suite opinfo|modules|optim``: its
+    first samples checked against eager CPU (always measured wall time). The shared fields read: ``model``
+    the op, module or optimizer name (``div.floor_rounding``, ``nn.Linear``, ``Adam``), ``config`` the
+    database (``op_db``, ``module_db`` or ``optim_db``), ``steps`` the samples checked.
 
     ``xfail``: the op fails as its entry in ``ci/expected_op_failures.json`` says; ``xpass``: it has an entry
     but passes (the entry must go); ``fail``/``error``: a mismatch or an exception on the backend without one.
@@ -369,7 +374,7 @@ class OpRow(Row):
     STATUSES: ClassVar[tuple[str, ...]] = ("pass", "fail", "error", "xfail", "xpass", "eager_fail", "skipped",
                                            "timeout", "crash", "oom")
     suite: str
-    """``opinfo`` or ``modules``."""
+    """``opinfo``, ``modules`` or ``optim``."""
     checks: str
     """``forward`` or ``forward+backward``."""
     samples_pass: int | None = None

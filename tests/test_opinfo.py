@@ -1,10 +1,12 @@
-"""PyTorch's OpInfo and nn module databases on mncore (pfvm:cpu) against eager CPU (``harness.suites``).
+"""PyTorch's OpInfo, nn module and optimizer databases on mncore (pfvm:cpu) against eager CPU
+(``harness.suites``).
 
 ``-m unit`` (in ``make test``) runs a deterministic sample: every ``UNIT_EVERY``-th op and every
-``UNIT_MODULES_EVERY``-th module in sorted order, ``UNIT_CAP`` samples each. ``-m opinfo`` runs every op
-and module with the suite's default cap (the first 8 samples), forward and backward. Entries of
-``ci/expected_op_failures.json`` (suites ``opinfo``/``modules``) apply as strict xfails: a fixed op
-XPASSes and fails until its entry is removed.
+``UNIT_MODULES_EVERY``-th module in sorted order, ``UNIT_CAP`` samples each, and every optimizer (a few
+seconds in all). ``-m opinfo`` runs every op, module and optimizer with the suite's default cap (the
+first 8 samples), forward and backward. Entries of ``ci/expected_op_failures.json`` (suites
+``opinfo``/``modules``/``optim``) apply as strict xfails: a fixed op XPASSes and fails until its entry is
+removed.
 """
 from __future__ import annotations
 
@@ -13,10 +15,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import mncore
 from harness import expected
-from harness.suites import modules, opinfo
+from harness.suites import modules, opinfo, optim
 from harness.suites.opinfo import DEFAULT_CAP
 from reports.schema import OpRow
 
@@ -44,6 +47,7 @@ def _check(result: opinfo.OpResult) -> None:
 
 OPS = list(opinfo.database())
 MODULES = list(modules.database())
+OPTIMIZERS = list(optim.database())
 
 
 @pytest.mark.parametrize("name", _params("opinfo", opinfo.sample_unit(OPS, UNIT_EVERY), [pytest.mark.unit]))
@@ -56,6 +60,29 @@ def test_opinfo_sample(name):
 def test_module_db_sample(name):
     mncore.init_cpu(implicit_sync="silent")
     _check(modules.run_module(name, "mncore", cap=UNIT_CAP))
+
+
+@pytest.mark.parametrize("name", _params("optim", OPTIMIZERS, [pytest.mark.unit]))
+def test_optim_db(name):
+    mncore.init_cpu(implicit_sync="silent")
+    _check(optim.run_optimizer(name, "mncore", cap=UNIT_CAP))
+
+
+@pytest.mark.unit
+def test_optim_suite_catches_a_wrong_kernel():
+    """A wrong ``sqrt`` (x1.5: Adam's for-loop denominator) fails Adam's for-loop samples; its foreach ones
+    (``_foreach_sqrt``) still pass. The parameters are drawn outside the sample, so the check compares
+    values, not metadata only."""
+    mncore.init_cpu(implicit_sync="silent")
+    op = torch.ops.aten.sqrt.default
+    mncore.register_lowering(op, lambda x: torch.sqrt(x) * 1.5)
+    try:
+        res = optim.run_optimizer("Adam", "mncore", cap=2)
+    finally:
+        mncore.unregister_lowering(op)
+    assert res.status == "fail" and res.stage == "forward", res
+    assert "[for-loop]" in res.failing_sample and "not close" in res.message, res
+    assert res.passed == res.samples - 2  # the two for-loop samples; foreach and capturable pass
 
 
 @pytest.mark.parametrize("name", _params("opinfo", OPS, [pytest.mark.opinfo]))
@@ -73,7 +100,7 @@ def test_module_db(name):
 @pytest.mark.unit
 def test_expected_entries_name_database_ops():
     """Every opinfo/modules entry names an op of this torch's database (stale names are reported here)."""
-    known = {"opinfo": set(OPS), "modules": set(MODULES)}
+    known = {"opinfo": set(OPS), "modules": set(MODULES), "optim": set(OPTIMIZERS)}
     stale = [f"{x.suite}:{x.op}" for x in ENTRIES if x.suite in known and x.op not in known[x.suite]]
     assert not stale, "entries of ci/expected_op_failures.json name no database op: " + ", ".join(stale)
 
@@ -97,6 +124,20 @@ def test_cli_writes_op_rows(tmp_path):
     bad = subprocess.run(cmd[:-1] + [str(tmp_path / "bad"), "--ops", "nosuchop"], capture_output=True, text=True,
                          timeout=600)
     assert bad.returncode == 2 and "nosuchop" in bad.stderr
+
+
+@pytest.mark.unit
+def test_cli_runs_the_optimizer_suite(tmp_path):
+    cmd = [sys.executable, "-m", "harness.cli", "run", "--tier", "unit", "--suite", "optim", "--ops", "SGD,SparseAdam",
+           "--backend", DEVICE, "--samples", "1", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [(r["model"], r["status"], r["config"], r["suite"]) for r in rows] == [
+        ("SGD", "pass", "optim_db", "optim"), ("SparseAdam", "skipped", "optim_db", "optim")]
+    # its first input, as a for-loop and as a foreach optimizer (SGD has no capturable flag)
+    assert rows[0]["steps"] == rows[0]["samples_pass"] == 2
+    assert "sparse" in rows[1]["reason"]
 
 
 @pytest.mark.unit

@@ -1,5 +1,5 @@
-"""One shard of an OpInfo suite in its own process: ``python -m harness.suites.cell --suite opinfo
---backend B --names a,b,... --cap K --out part.jsonl``.
+"""One shard of a suite (op_db, module_db or optim_db) in its own process: ``python -m harness.suites.cell
+--suite opinfo --backend B --names a,b,... --cap K --out part.jsonl``.
 
 Each op's result is appended to ``--out`` (one JSON object per line, flushed) as it finishes, so a crash
 loses only the op that was running; the parent runs the ops after it in a new shard. An op running
@@ -16,6 +16,7 @@ import sys
 import warnings
 
 TIMED_OUT = 3  # exit status after an op timed out (the parent continues after it)
+SUITES = ("opinfo", "modules", "optim")
 
 
 class _OpTimeout(BaseException):  # not caught by the per-sample handlers
@@ -28,7 +29,7 @@ def _alarm(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.suites.cell")
-    ap.add_argument("--suite", choices=("opinfo", "modules"), required=True)
+    ap.add_argument("--suite", choices=SUITES, required=True)
     ap.add_argument("--backend", required=True)
     ap.add_argument("--names", required=True)
     ap.add_argument("--cap", type=int, required=True)
@@ -39,10 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore")
 
     import mncore
-    from harness.suites import modules, opinfo
+    from harness.suites.run import runner
 
     mncore.init(args.backend, implicit_sync="silent")
-    run = opinfo.run_op if args.suite == "opinfo" else modules.run_module
+    run = runner(args.suite)
     signal.signal(signal.SIGALRM, _alarm)
     with open(args.out, "a") as out:
         for name in args.names.split(","):

@@ -1,4 +1,4 @@
-"""``harness run --tier unit --suite opinfo|modules --backend B``: the database's ops in shards, each shard
+"""``harness run --tier unit --suite opinfo|modules|optim --backend B``: the database's ops in shards, each shard
 an isolated cell (``harness.cells.CellRunner`` running ``harness.suites.cell``), one ``OpRow`` per op.
 
 A shard whose child crashes, runs out of memory or times out costs the op that was running (its row says
@@ -9,20 +9,30 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from harness import expected
 from harness.cells import CellRunner, Job, Outcome
 from harness.suites.cell import TIMED_OUT
-from reports.schema import OpRow
+from reports.schema import DATABASES, OpRow
 
 SHARD = 20  # ops per child process
 
 
-def names(suite: str) -> list[str]:
-    from harness.suites import modules, opinfo
+def _suite(suite: str) -> tuple[Any, Callable[..., Any]]:
+    """The suite's module (its ``database()``) and its ``run(name, device, cap=, backward=) -> OpResult``."""
+    from harness.suites import modules, opinfo, optim
 
-    return list((opinfo if suite == "opinfo" else modules).database())
+    return {"opinfo": (opinfo, opinfo.run_op), "modules": (modules, modules.run_module),
+            "optim": (optim, optim.run_optimizer)}[suite]
+
+
+def names(suite: str) -> list[str]:
+    return list(_suite(suite)[0].database())
+
+
+def runner(suite: str) -> Callable[..., Any]:
+    return _suite(suite)[1]
 
 
 def repro(suite: str, name: str, backend: str, cap: int, backward: bool) -> str:
@@ -43,7 +53,7 @@ def row(suite: str, res: dict, backend: str, cap: int, backward: bool,
     elif entry is not None and status == "pass":
         status, reason = "xpass", (f"passes, but ci/expected_op_failures.json lists it ([{entry.category}] "
                                    f"{entry.reason}): remove the entry")
-    return OpRow(model=res["name"], config="op_db" if suite == "opinfo" else "module_db", backend=backend,
+    return OpRow(model=res["name"], config=DATABASES[suite], backend=backend,
                  steps=res.get("samples", 0), status=status, reason=reason, time_kind="measured wall time",
                  suite=suite, checks="forward+backward" if backward else "forward",
                  samples_pass=res.get("passed"), samples_noise=res.get("noise"), backward=res.get("backward"),
