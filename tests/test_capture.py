@@ -893,12 +893,28 @@ def test_live_buffers_stay_flat_over_500_replays():
 
 # ---------------------------------------------------------------------------------------------- 12. re-validation
 
+def _call_log(fn: Callable, arg: Any, calls: int, before: Callable[[int], None]) -> tuple[list, list[bool], list[int], list[str]]:
+    """``fn(arg)`` ``calls`` times, ``before(call)`` ahead of each: the outputs on the CPU, whether each call
+    replayed, the calls that gave a new CaptureWarning, and the warnings."""
+    outs, replayed, warned_at = [], [], []
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for call in range(1, calls + 1):
+            before(call)
+            replays = mncore.metrics.counters()["replays"]
+            n_warn = len(_capture_warnings(rec))
+            outs.append(fn(arg).cpu())
+            replayed.append(mncore.metrics.counters()["replays"] == replays + 1)
+            if len(_capture_warnings(rec)) > n_warn:
+                warned_at.append(call)
+    return outs, replayed, warned_at, _capture_warnings(rec)
+
+
 SCALE = 1.0
 
 
 @pytest.mark.parametrize("how", ["argument", "environment"])
 def test_periodic_revalidation_catches_a_hidden_python_number(how: str, monkeypatch):
-    global SCALE
     monkeypatch.setattr(sys.modules[__name__], "SCALE", 1.0)  # restored after the test
     torch.manual_seed(0)
     cpu_model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
@@ -915,21 +931,16 @@ def test_periodic_revalidation_catches_a_hidden_python_number(how: str, monkeypa
     else:
         monkeypatch.setenv("MNCORE_CAPTURE_CHECK", "3")
         fn = mncore.capture(predict)
-    scales, outs, replayed, warned_at = [], [], [], []
+    scales: list[float] = []
+
+    def before(call: int) -> None:
+        global SCALE
+        if call == 4:
+            SCALE = 2.5  # capture cannot see this: calls 4 and 5 replay; call 6 re-validates
+        scales.append(SCALE)
+
     reasons = mncore.metrics.capture_retraces()
-    with warnings.catch_warnings(record=True) as rec:
-        warnings.simplefilter("always")
-        for call in range(1, 13):
-            if call == 4:
-                SCALE = 2.5  # capture cannot see this: calls 4 and 5 replay; call 6 re-validates
-            before = mncore.metrics.counters()["replays"]
-            n_warn = len(_capture_warnings(rec))
-            outs.append(fn(xd).cpu())
-            scales.append(SCALE)
-            replayed.append(mncore.metrics.counters()["replays"] == before + 1)
-            if len(_capture_warnings(rec)) > n_warn:
-                warned_at.append(call)
-    msgs = _capture_warnings(rec)
+    outs, replayed, warned_at, msgs = _call_log(fn, xd, 12, before)
     assert warned_at == [6] and len(msgs) == 1
     assert "Python number" in msgs[0] and "1.0" in msgs[0] and "2.5" in msgs[0], msgs[0]
     assert _line("revalidation:scale") in msgs[0]
@@ -953,8 +964,7 @@ OFFSET = 0.5  # the value of the host scalar the step below makes on every call
 def _run_host_scalar_step(calls: int, change_at: int | None) -> tuple[list, list[bool], list[int], list[str], list]:
     """A step that makes a host scalar tensor on every call (as transformers' attention-mask code does),
     with re-validation every 3 calls; ``OFFSET`` becomes 1.5 before call ``change_at``. Returns the
-    outputs, which calls replayed, the calls that warned, the warnings and the offset of each call."""
-    global OFFSET
+    outputs, which calls replayed, the calls that warned, the warnings and the expected outputs."""
     torch.manual_seed(0)
     x = torch.randn(6)
     xd = x.mncore()
@@ -962,21 +972,16 @@ def _run_host_scalar_step(calls: int, change_at: int | None) -> tuple[list, list
     def step(inp):
         return inp * 2 + torch.tensor(OFFSET)  # host-scalar:offset
 
-    fn = mncore.capture(check_every=3)(step)
-    outs, replayed, warned_at, offsets = [], [], [], []
-    with warnings.catch_warnings(record=True) as rec:
-        warnings.simplefilter("always")
-        for call in range(1, calls + 1):
-            if call == change_at:
-                OFFSET = 1.5
-            before = mncore.metrics.counters()["replays"]
-            n_warn = len(_capture_warnings(rec))
-            outs.append(fn(xd).cpu())
-            offsets.append(OFFSET)
-            replayed.append(mncore.metrics.counters()["replays"] == before + 1)
-            if len(_capture_warnings(rec)) > n_warn:
-                warned_at.append(call)
-    return outs, replayed, warned_at, _capture_warnings(rec), [x * 2 + o for o in offsets]
+    offsets: list[float] = []
+
+    def before(call: int) -> None:
+        global OFFSET
+        if call == change_at:
+            OFFSET = 1.5
+        offsets.append(OFFSET)
+
+    outs, replayed, warned_at, msgs = _call_log(mncore.capture(check_every=3)(step), xd, calls, before)
+    return outs, replayed, warned_at, msgs, [x * 2 + o for o in offsets]
 
 
 def test_a_host_scalar_made_alike_on_every_call_stays_a_constant_through_re_validation(monkeypatch):
