@@ -355,7 +355,7 @@ class PerfRow(Row):
     """Written as ``compile_*``: the step with the model under ``torch.compile`` (inductor, CPU; peers rows)."""
 
 
-# the database of each suite (an OpRow's ``config``)
+# the suites over PyTorch's test databases and the database each runs (an OpRow's ``suite`` and ``config``)
 DATABASES = {"opinfo": "op_db", "modules": "module_db", "optim": "optim_db"}
 
 

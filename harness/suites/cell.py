@@ -15,8 +15,10 @@ import signal
 import sys
 import warnings
 
+from reports.schema import DATABASES
+
 TIMED_OUT = 3  # exit status after an op timed out (the parent continues after it)
-SUITES = ("opinfo", "modules", "optim")
+SUITES = tuple(DATABASES)  # opinfo, modules, optim: one per PyTorch test database
 
 
 class _OpTimeout(BaseException):  # not caught by the per-sample handlers
