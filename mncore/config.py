@@ -131,6 +131,10 @@ KNOBS: tuple[Knob, ...] = (
     _knob("context_variants", 8, _number(int, 1, "a positive integer"), "each Context call",
           "Context API: compiled variants per function when host-read guards change (1: a change raises)",
           "integer >= 1"),
+    _knob("reinplace", True, _flag, "each graph run on pfvm",
+          "pfvm: run a graph as its generated code with fresh intermediates written in place (1), or as the "
+          "functional graph, every op making a new tensor (0: the same values, slower; to rule the rewrite out "
+          "or to measure it, as benchmarks/reinplace.py does)", "0, 1"),
     _knob("cache_size", 1024, _number(int, 1, "a positive integer"), "each compile",
           "executables kept in the in-memory LRU", "integer >= 1"),
     _knob("cache_dir", None, _path, "each compile", "persistent compile cache directory (unset: none)", "a directory"),

@@ -67,11 +67,11 @@ def _encode(exe: Executable) -> bytes:
     index = {n: i for i, n in enumerate(nodes)}
     kernels = [(k.index, k.anchor, [index[n] for n in k.nodes], [index[n] for n in k.inputs],
                 [index[n] for n in k.outputs], k.flops, k.bytes, k.fmt, k.time_s, k.bound) for k in exe.kernels]
-    gm = exe.gm
-    code = marshal.dumps(compile(gm.code, f"<mncore {exe.name}>", "exec"))
+    code = marshal.dumps(compile(exe.code, f"<mncore {exe.name}>", "exec"))
     payload = {"name": exe.name, "policy": exe.policy, "graph": serialize.encode_graph(exe.graph),
                "kernels": kernels, "plan": exe.plan, "stats": exe.stats, "output_metas": exe.output_metas,
-               "n_nodes": exe.n_nodes, "code": code, "globals": serialize.encode_globals(gm.forward.__globals__)}
+               "n_nodes": exe.n_nodes, "code": code, "source": exe.code,
+               "globals": serialize.encode_globals(exe.forward.__globals__)}
     return zstandard.ZstdCompressor(level=3).compress(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
 
 
@@ -90,7 +90,8 @@ def _decode(data: bytes, key: Any, device: Device) -> Executable:
         return graph, kernels
 
     exe = Executable(name=p["name"], n_nodes=p["n_nodes"], key=key, policy=p["policy"], plan=p["plan"],
-                     stats=p["stats"], output_metas=p["output_metas"], forward=g["forward"], loader=load)
+                     stats=p["stats"], output_metas=p["output_metas"], forward=g["forward"], code=p["source"],
+                     loader=load)
     if device.needs_graph(exe):
         exe._load()  # e.g. the emulator walks the graph on every job: decode it once, here
     return exe

@@ -123,11 +123,13 @@ def write_onnx(path: pathlib.Path, exe: Executable, enabled: bool) -> dict[str, 
 
 
 def write(path: str | os.PathLike, exe: Executable | None, man: dict[str, Any], onnx: bool = False) -> pathlib.Path:
-    """Write manifest, program listing, FX code and (with the onnx extra) ``model.onnx`` of ``exe``."""
+    """Write manifest, program listing, FX code (``graph.py``: the functional graph; ``run.py``: the code pfvm
+    runs, intermediates written in place) and (with the onnx extra) ``model.onnx`` of ``exe``."""
     path = ensure_directory(path, "the codegen directory", "give a directory path (codegen_dir / MNCORE_CODEGEN_DIR)")
     if exe is not None:
         _write(path, "program.txt", program_text(exe))
         _write(path, "graph.py", exe.gm.code)
+        _write(path, "run.py", exe.code)
         man = {**man, "onnx": write_onnx(path, exe, onnx)}
     (path / MANIFEST).write_text(json.dumps(man, indent=2, default=str))
     return path

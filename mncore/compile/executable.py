@@ -20,7 +20,11 @@ from mncore.ir.meta import TensorMeta
 class Executable:
     """What the runtime runs. Loaded from the disk cache, the graph and kernels are decoded only
     when something needs them (emulation, error reports, codegen): pfvm and performance-mode
-    execution need only the generated ``forward`` and the statistics."""
+    execution need only the generated ``forward`` and the statistics.
+
+    ``graph`` is functional (what the compiler analyses and the emulator walks); ``forward`` and its
+    source ``code`` are that graph with intermediates re-used in place (``compile/reinplace.py``),
+    which is what pfvm runs: the same values, without a new tensor for every intermediate."""
 
     name: str
     n_nodes: int
@@ -30,6 +34,7 @@ class Executable:
     stats: dict[str, Any] = field(default_factory=dict)
     output_metas: list[TensorMeta] = field(default_factory=list)
     forward: Callable[..., Any] | None = None  # generated code: forward(self, *args)
+    code: str = ""  # forward's Python source
     loader: Callable[[], tuple[fx.Graph, list[Kernel]]] | None = None
     _graph: fx.Graph | None = None
     _kernels: list[Kernel] | None = None

@@ -14,7 +14,7 @@ _PKG = Path(__file__).resolve().parents[1]
 # What decides the FX graph, its kernels, their formats, the memory plan and the modelled cost.
 SOURCES = (
     "graph/fx_build.py", "compile/lowering.py", "compile/passes.py", "compile/fusion.py", "compile/precision.py",
-    "compile/memory_plan.py", "compile/pipeline.py", "compile/executable.py", "ir/targets.py",
+    "compile/memory_plan.py", "compile/pipeline.py", "compile/reinplace.py", "compile/executable.py", "ir/targets.py",
     "sim/hardware.py", "sim/hardware.json", "sim/cost.py",
 )
 

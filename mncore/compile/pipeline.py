@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from mncore.compile import fusion, memory_plan, passes, precision
+from mncore.compile import fusion, memory_plan, passes, precision, reinplace
 from mncore.compile.executable import Executable
 from mncore.compile.fingerprint import compiler_version
 from mncore.errors import StaticShapeError
@@ -127,7 +127,17 @@ def compile_graph(graph: fx.Graph, name: str, key: Any, policy: str, static_shap
         "compiler_version": compiler_version(costs_path()),
         "torch": torch.__version__,
     })
+    run = _runnable(graph)
+    stats["reinplaced"] = reinplace.reinplace(run.graph)
+    run.recompile()
     out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
     return Executable.from_graph_module(gm, kernels, name=name, n_nodes=stats["nodes"], key=key, policy=policy,
-                                        plan=plan, stats=stats,
+                                        plan=plan, stats=stats, forward=type(run).forward, code=run.code,
                                         output_metas=[n.meta["mn"][0] for n in out_node.args[0]])
+
+
+def _runnable(graph: fx.Graph) -> fx.GraphModule:
+    """A copy of ``graph`` for the code devices run (re-inplacing rewrites it; the graph stays functional)."""
+    copy = fx.Graph()
+    copy.output(copy.graph_copy(graph, {}))
+    return fx.GraphModule(torch.nn.Module(), copy)

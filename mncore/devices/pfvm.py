@@ -5,6 +5,7 @@ import re
 
 import torch
 
+from mncore import config
 from mncore.compile.executable import Executable
 from mncore.devices.base import Device, RunResult
 
@@ -36,7 +37,7 @@ class PfvmDevice(Device):
         return names
 
     def run(self, exe: Executable, leaves: list, args: list, submitted: float) -> RunResult:
-        outs = exe.python_code()(*args)
+        outs = (exe.python_code() if config.get("reinplace") else exe.gm)(*args)
         if self.exec_device.type == "cuda":
             torch.cuda.synchronize(self.exec_device)
         return RunResult(outs)
