@@ -29,6 +29,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from mncore.trace.tensor import DEVICE_NAME, LazyTensor
 
 _PLAIN = (int, float, bool, str, type(None), complex)
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)  # a torch without it: ask per device
 
 
 def plain(v: Any) -> bool:
@@ -145,6 +146,9 @@ class World:
 
 
 def _autocast() -> tuple:
+    """Which devices autocast and to what; ``()`` when it is off everywhere (the usual case, one call)."""
+    if not _any_autocast():
+        return ()
     try:
         return tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in (DEVICE_NAME, "cpu"))
     except (RuntimeError, TypeError, AttributeError):  # a torch without per-device autocast queries

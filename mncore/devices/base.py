@@ -88,6 +88,11 @@ class Device:
         the executor then calls ``schedule`` on the submitting thread instead of ``run`` on the worker."""
         return False
 
+    def computes_on_host(self) -> bool:
+        """Whether ``run`` computes on the host's own cores and returns when done (pfvm on the CPU): a
+        job then runs on the submitting thread instead of the worker (``MNCORE_CPU_THREAD``)."""
+        return False
+
     def schedule(self, exe: Executable, leaves: list, submitted: float) -> RunResult:
         """For ``models_only`` devices: the job's outputs (uninitialised, exactly the shapes and dtypes of
         ``exe.output_metas``) and its modelled start and end."""

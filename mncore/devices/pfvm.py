@@ -36,6 +36,9 @@ class PfvmDevice(Device):
             names += ["pfvm:cuda"] + [f"pfvm:cuda:{i}" for i in range(torch.cuda.device_count())]
         return names
 
+    def computes_on_host(self) -> bool:
+        return self.exec_device.type == "cpu"
+
     def run(self, exe: Executable, leaves: list, args: list, submitted: float) -> RunResult:
         outs = (exe.python_code() if config.get("reinplace") else exe.gm)(*args)
         if self.exec_device.type == "cuda":

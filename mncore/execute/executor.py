@@ -6,7 +6,9 @@ worker prepares and runs the job while the host traces on (they contend for the 
 the job is done, then traces on while the device runs. A device that computes nothing and only
 models time (a simulator in performance mode) has its jobs scheduled on the submitting thread in
 ``sync`` and ``async`` modes, without the worker; ``async_naive`` keeps the worker, whose contention
-with the tracing host is what that mode shows.
+with the tracing host is what that mode shows. A device that computes on the host's own cores
+(pfvm on the CPU) runs its graphs on the submitting thread in those two modes, when nothing is
+queued, unless ``MNCORE_CPU_THREAD=worker``: see :meth:`Executor._run_here`.
 """
 from __future__ import annotations
 
@@ -15,12 +17,14 @@ import operator
 import queue
 import sys
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx as fx
 
+from mncore import config
 from mncore.config import settings
 from mncore.devices import KernelFailed, registry
 from mncore.devices.timing import hold_until
@@ -82,6 +86,9 @@ class Executor:
         mode = settings.execution
         if device.models_only() and mode != "async_naive" and not self._q.unfinished_tasks:
             return self._schedule(job)
+        if (mode != "async_naive" and not self._q.unfinished_tasks and device.computes_on_host()
+                and config.get("cpu_thread") == "caller"):
+            return self._run_here(job)
         self._ensure_thread()
         self._q.put(job)
         t0 = timeline.now()
@@ -93,6 +100,27 @@ class Executor:
         metrics.add("wait_s", waited)
         return waited
 
+    def _run_here(self, job: Job) -> float:
+        """``_run`` on the submitting thread, for a device that computes on the host's own cores (pfvm:cpu,
+        ``MNCORE_CPU_THREAD=caller``). The worker would buy little overlap there (the kernels' intra-op
+        threads already use every core) and cost two thread hand-offs per graph, while its own team of
+        intra-op threads slows the host's (and the host's slows it) about 2x on 2 cores
+        (benchmarks/cpu_thread.py). Returns the run's seconds, which callers keep out of their host spans.
+        An interrupt during the run (Ctrl-C) fails the job's outputs: no reader waits for values never made."""
+        t0 = timeline.now()
+        try:
+            self._run(job, lane=None)
+        except BaseException as e:
+            if not all(leaf.ready.is_set() for leaf in job.outs):
+                self._store(job, None, DeviceExecutionError(
+                    f"mncore: graph {job.exe.name} was interrupted ({type(e).__name__}) before it finished"), True)
+                for leaf in job.outs:
+                    leaf.ready.set()
+            job.prepared.set()
+            job.done.set()
+            raise
+        return timeline.now() - t0
+
     def _schedule(self, job: Job) -> float:
         """Run ``job`` on the submitting thread, for a device that computes nothing and only models time
         (a simulator in performance mode): its outputs become ready at the job's modelled end, and a
@@ -101,7 +129,8 @@ class Executor:
         which the board's own runtime does not have. Returns the seconds waited (``sync`` mode only)."""
         exe = job.exe
         t0 = timeline.now()
-        err = next((e for e in (leaf.failure() for leaf in job.leaves) if e is not None), None)
+        # an input's error is rare: look at the attribute of every input, call failure() only on those that have one
+        err = next((e for e in [leaf.failure() for leaf in job.leaves if leaf.error is not None] if e is not None), None)
         inherited = err is not None
         if err is None:
             try:
@@ -179,7 +208,9 @@ class Executor:
                 job = None
                 self._q.task_done()
 
-    def _run(self, job: Job) -> None:
+    def _run(self, job: Job, lane: str | None = "worker") -> None:
+        """Prepare and run ``job`` (on the worker, or with ``lane`` None on the submitting thread: no
+        preparation span then, it is part of the host's)."""
         exe = job.exe
         t0 = timeline.now()
         inherited = False
@@ -193,7 +224,8 @@ class Executor:
             err = None
         job.prepared.set()
         t1 = timeline.now()
-        timeline.record("worker", f"prepare {exe.name}", t0, t1)
+        if lane is not None:
+            timeline.record(lane, f"prepare {exe.name}", t0, t1)
         result = None
         if err is None:
             try:
@@ -214,7 +246,7 @@ class Executor:
             timeline.record("device", exe.name, t1, t2, nodes=exe.n_nodes, time="measured")
         metrics.add("execute_s", t2 - t1)
         metrics.add("graphs_executed")
-        job.release.clear()  # freeing large buffers takes time: not on the host's
+        job.release.clear()  # freeing large buffers takes time: not on the host's (unless it runs here)
         job.done.set()
 
     def _store(self, job: Job, outs: Any, err: BaseException | None, inherited: bool) -> None:
@@ -271,6 +303,14 @@ def _conform_outputs(exe: Any, outs: tuple) -> tuple:
     shape and dtype differences are cast; any other shape difference would corrupt later reads
     silently, so it fails naming the op.
     """
+    expected = _expected.get(exe)
+    if expected is None:
+        metas = exe.output_metas
+        expected = _expected[exe] = ([None if m is None else m.shape for m in metas],
+                                     [None if m is None else m.dtype for m in metas])
+    if ([getattr(o, "shape", None) for o in outs] == expected[0]
+            and [getattr(o, "dtype", None) for o in outs] == expected[1]):
+        return outs  # the rule: every output as traced (two list comparisons, not a loop per output)
     fixed = None
     for i, (o, m) in enumerate(zip(outs, exe.output_metas)):
         if m is None or not isinstance(o, torch.Tensor):
@@ -293,5 +333,6 @@ def _conform_outputs(exe: Any, outs: tuple) -> tuple:
     return outs if fixed is None else tuple(fixed)
 
 
+_expected: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # executable -> its outputs' (shapes, dtypes)
 executor = Executor()
 atexit.register(executor.shutdown)

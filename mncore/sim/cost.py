@@ -70,11 +70,27 @@ def costs_path() -> str:
 
 
 def cost_model() -> CostModel:
-    """The model for the current hardware description and constants file."""
-    path = costs_path()
+    """The model for the current hardware description and constants file. Asked for on every
+    performance-mode job, so the last one is kept while neither input changes."""
+    path, hw = costs_path(), hardware()
+    last = _last[0]
+    if last is not None and last.hw is hw and last.path == path:
+        return last.model
     consts = _constants(path)
     missing = {"matmul_efficiency", "vector_efficiency", "dram_efficiency", "host_link_efficiency",
                "kernel_overhead_s", "launch_overhead_s"} - set(consts)
     if missing:
         raise ValueError(f"cost model constants file {path} lacks {', '.join(sorted(missing))}")
-    return CostModel(hardware(), consts)
+    model = CostModel(hw, consts)
+    _last[0] = _Built(path, hw, model)
+    return model
+
+
+@dataclass(frozen=True)
+class _Built:
+    path: str
+    hw: Hardware
+    model: CostModel
+
+
+_last: list[_Built | None] = [None]

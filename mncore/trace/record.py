@@ -63,7 +63,10 @@ def upload(tensor: torch.Tensor) -> Data:
         raise layout_error(tensor.layout, f"a host tensor of shape {list(tensor.shape)}")
     nbytes = tensor.numel() * tensor.element_size()
     registry.active().check_upload(nbytes, tensor.shape, tensor.dtype)
-    leaf = Data(meta_of(tensor), tensor.detach().to(settings.exec_device, copy=True))
+    dev = settings.exec_device
+    # a clone where it stays on the host: cheaper than the copying .to()
+    copy = tensor.detach().clone() if tensor.is_cpu and dev.type == "cpu" else tensor.detach().to(dev, copy=True)
+    leaf = Data(meta_of(tensor), copy)
     metrics.add("bytes_to_device", nbytes)
     if tracer.recording is not None:
         tracer.recording.uploads.append((leaf, tensor, tensor._version, user_site()))
