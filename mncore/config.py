@@ -179,13 +179,19 @@ def knob(name: str) -> Knob:
 
 
 def _environ(name: str) -> str | None:
-    """``os.environ.get(name)`` without the KeyError it raises and catches for an unset name: knobs are
-    read on every upload and graph cut, and most are unset."""
+    """``os.environ.get(name)`` without the KeyError it raises and catches for an unset name, nor encoding
+    the name again: knobs are read on every upload and graph cut, and most are unset."""
     data = getattr(os.environ, "_data", None)
     if type(data) is not dict:  # not CPython's os._Environ: the public way
         return os.environ.get(name)
-    v = data.get(os.environ.encodekey(name))
+    key = _ENCODED.get(name)
+    if key is None:
+        key = _ENCODED[name] = os.environ.encodekey(name)
+    v = data.get(key)
     return None if v is None else os.environ.decodevalue(v)
+
+
+_ENCODED: dict[str, object] = {}  # variable name -> its key in os.environ's own table
 
 
 def get(name: str) -> Any:

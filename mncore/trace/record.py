@@ -64,8 +64,8 @@ def upload(tensor: torch.Tensor) -> Data:
     nbytes = tensor.numel() * tensor.element_size()
     registry.active().check_upload(nbytes, tensor.shape, tensor.dtype)
     dev = settings.exec_device
-    # a clone where it stays on the host: cheaper than the copying .to()
-    copy = tensor.detach().clone() if tensor.is_cpu and dev.type == "cpu" else tensor.detach().to(dev, copy=True)
+    src = tensor.detach() if tensor.requires_grad else tensor  # a clone of it records no autograd history
+    copy = src.clone() if src.is_cpu and dev.type == "cpu" else src.to(dev, copy=True)  # clone: cheaper than .to()
     leaf = Data(meta_of(tensor), copy)
     metrics.add("bytes_to_device", nbytes)
     if tracer.recording is not None:
