@@ -27,7 +27,7 @@ FALLBACK_MODES = ("warn", "error", "silent")
 EXECUTION_MODES = ("sync", "async_naive", "async")
 SIM_MODES = ("functional", "performance")
 BACKWARD_THREADS = ("caller", "device")
-CPU_THREADS = ("caller", "worker")
+CPU_THREADS = ("auto", "caller", "worker")
 PRECISION_POLICIES = ("double", "float", "mixed", "half")
 DEBUG_FLAGS = ("recompile",)
 
@@ -136,11 +136,12 @@ KNOBS: tuple[Knob, ...] = (
           "pfvm: run a graph as its generated code with fresh intermediates written in place (1), or as the "
           "functional graph, every op making a new tensor (0: the same values, slower; to rule the rewrite out "
           "or to measure it, as benchmarks/reinplace.py does)", "0, 1"),
-    _knob("cpu_thread", "caller", _choice(CPU_THREADS), "each graph submitted",
-          "pfvm:cpu in sync and async modes: graphs run on the thread that submits them (caller), or on the worker "
-          "thread (worker: host tracing overlaps the kernels, but each graph costs two thread hand-offs and the "
-          "worker's intra-op threads compete with the caller's for the same cores; async_naive always uses it)",
-          ", ".join(CPU_THREADS)),
+    _knob("cpu_thread", "auto", _choice(CPU_THREADS), "each graph submitted",
+          "pfvm:cpu in sync and async modes: where graphs run: on the thread that submits them (caller), on the "
+          "worker thread (worker), or on the caller unless the graph's memory plan peaks above 256 MiB (auto). The "
+          "worker overlaps host tracing with the kernels but costs two thread hand-offs per graph, and its "
+          "intra-op threads compete with the caller's for the same cores; a large graph ran slower on the caller "
+          "(async_naive always uses the worker)", ", ".join(CPU_THREADS)),
     _knob("cache_size", 1024, _number(int, 1, "a positive integer"), "each compile",
           "executables kept in the in-memory LRU", "integer >= 1"),
     _knob("cache_dir", None, _path, "each compile", "persistent compile cache directory (unset: none)", "a directory"),

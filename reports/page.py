@@ -191,8 +191,9 @@ def report_blocks(name: str, d: Path, heading: str = "h2", shared: frozenset[str
                             "prepares and runs while the host traces on; both contend for the GIL), `async` (host "
                             "waits for the worker's preparation, then traces on). Where the worker buys nothing, "
                             "`sync` and `async` run each graph on the calling thread: `mncore2` in performance mode "
-                            "(the job is only scheduled) and `pfvm:cpu` (the kernels run on the host's own cores; "
-                            "`MNCORE_CPU_THREAD`), so those rows differ only by noise. All numbers come from the "
+                            "(the job is only scheduled) and `pfvm:cpu` for graphs whose memory plan peaks below 256 MiB "
+                            "(the kernels run on the host's own cores; `MNCORE_CPU_THREAD`), so those rows differ "
+                            "only by noise. All numbers come from the "
                             "runtime's timeline."))
         blocks.append(("table", tables.async_table(df, article)))
         if article:

@@ -1,10 +1,12 @@
-"""pfvm:cpu runs its graphs on the thread that submits them in ``sync`` and ``async`` modes
-(``MNCORE_CPU_THREAD=caller``, the default), on the worker with ``worker`` and always in ``async_naive``;
+"""pfvm:cpu runs a graph on the thread that submits it in ``sync`` and ``async`` modes
+(``MNCORE_CPU_THREAD=auto``, the default, unless its memory plan is large; ``caller``: always), on the
+worker with ``worker`` and always in ``async_naive``;
 the numbers are eager PyTorch's either way, and an interrupt during a graph run on the caller leaves no
 reader waiting."""
 from __future__ import annotations
 
 import copy
+import importlib
 import threading
 
 import pytest
@@ -14,6 +16,8 @@ import mncore
 from mncore.devices.pfvm import PfvmDevice
 from mncore.errors import DeviceExecutionError
 from tests.helpers import assert_same_training, ce, mlp, train
+
+executor_module = importlib.import_module("mncore.execute.executor")  # the package's `executor` is the instance
 
 
 def _case() -> tuple[torch.nn.Module, list]:
@@ -40,11 +44,16 @@ def run_threads(monkeypatch) -> list[int]:
     return seen
 
 
-@pytest.mark.parametrize("execution, setting, on_caller", [
-    ("async", "caller", True), ("sync", "caller", True), ("async", "worker", False), ("sync", "worker", False),
-    ("async_naive", "caller", False),
+@pytest.mark.parametrize("execution, setting, max_bytes, on_caller", [
+    ("async", "auto", executor_module.HERE_MAX_BYTES, True), ("sync", "auto", executor_module.HERE_MAX_BYTES, True),
+    ("async", "auto", 0, False),  # every graph's plan peaks above 0 bytes: "large", so on the worker
+    ("async", "caller", 0, True), ("sync", "caller", 0, True), ("async", "worker", None, False),
+    ("sync", "worker", None, False), ("async_naive", "caller", None, False),
 ])
-def test_graphs_run_on_the_thread_the_setting_names_with_eager_numbers(run_threads, execution, setting, on_caller):
+def test_graphs_run_on_the_thread_the_setting_names_with_eager_numbers(run_threads, monkeypatch, execution, setting,
+                                                                        max_bytes, on_caller):
+    if max_bytes is not None:
+        monkeypatch.setattr(executor_module, "HERE_MAX_BYTES", max_bytes)
     mncore.init_cpu(execution=execution, implicit_sync="silent")
     model, batches = _case()
     eager = train(copy.deepcopy(model), batches, "cpu", _sgd, ce)

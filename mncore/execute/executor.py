@@ -7,8 +7,8 @@ the job is done, then traces on while the device runs. A device that computes no
 models time (a simulator in performance mode) has its jobs scheduled on the submitting thread in
 ``sync`` and ``async`` modes, without the worker; ``async_naive`` keeps the worker, whose contention
 with the tracing host is what that mode shows. A device that computes on the host's own cores
-(pfvm on the CPU) runs its graphs on the submitting thread in those two modes, when nothing is
-queued, unless ``MNCORE_CPU_THREAD=worker``: see :meth:`Executor._run_here`.
+(pfvm on the CPU) runs a graph on the submitting thread in those two modes when nothing is queued,
+unless the graph is large (``MNCORE_CPU_THREAD``): see :func:`_here`.
 """
 from __future__ import annotations
 
@@ -86,8 +86,7 @@ class Executor:
         mode = settings.execution
         if device.models_only() and mode != "async_naive" and not self._q.unfinished_tasks:
             return self._schedule(job)
-        if (mode != "async_naive" and not self._q.unfinished_tasks and device.computes_on_host()
-                and config.get("cpu_thread") == "caller"):
+        if mode != "async_naive" and not self._q.unfinished_tasks and device.computes_on_host() and _here(job.exe):
             return self._run_here(job)
         self._ensure_thread()
         self._q.put(job)
@@ -101,11 +100,8 @@ class Executor:
         return waited
 
     def _run_here(self, job: Job) -> float:
-        """``_run`` on the submitting thread, for a device that computes on the host's own cores (pfvm:cpu,
-        ``MNCORE_CPU_THREAD=caller``). The worker would buy little overlap there (the kernels' intra-op
-        threads already use every core) and cost two thread hand-offs per graph, while its own team of
-        intra-op threads slows the host's (and the host's slows it) about 2x on 2 cores
-        (benchmarks/cpu_thread.py). Returns the run's seconds, which callers keep out of their host spans.
+        """``_run`` on the submitting thread, for a device that computes on the host's own cores (pfvm:cpu;
+        see :func:`_here`). Returns the run's seconds, which callers keep out of their host spans.
         An interrupt during the run (Ctrl-C) fails the job's outputs: no reader waits for values never made."""
         t0 = timeline.now()
         try:
@@ -278,6 +274,23 @@ class Executor:
         except Exception:  # noqa: BLE001 - best effort only
             pass
         return DeviceExecutionError(f"mncore: graph {exe.name} failed at op {op}: {type(exc).__name__}: {exc}")
+
+
+HERE_MAX_BYTES = 256 << 20  # MNCORE_CPU_THREAD=auto: larger graphs (by their memory plan's peak) go to the worker
+
+
+def _here(exe: Any) -> bool:
+    """Whether a graph of a device that computes on the host's cores runs on the submitting thread
+    (``MNCORE_CPU_THREAD``). On 2 cores the worker bought little overlap for small graphs (the kernels'
+    intra-op threads already use every core) and cost two thread hand-offs per graph, while its team of
+    intra-op threads slowed the host's, and the host's slowed its, about 2x: the seed MLP's captured step
+    at w=256 took 2.2x as long there. Graphs whose memory plan peaks above ``HERE_MAX_BYTES`` (the MLP at
+    w=4096, GPT-2 small) ran faster on the worker, with half the resident memory (the main thread's
+    allocator arena kept what they freed). ``python benchmarks/cpu_thread.py`` measures both."""
+    where = config.get("cpu_thread")
+    if where == "auto":
+        return exe.plan is None or exe.plan.peak_bytes <= HERE_MAX_BYTES
+    return where == "caller"
 
 
 def _record_modelled(exe: Any, result: Any) -> None:
