@@ -84,10 +84,11 @@ class Executor:
         job.submitted = timeline.now()
         job.device = device = registry.active()
         mode = settings.execution
-        if device.models_only() and mode != "async_naive" and not self._q.unfinished_tasks:
-            return self._schedule(job)
-        if mode != "async_naive" and not self._q.unfinished_tasks and device.computes_on_host() and _here(job.exe):
-            return self._run_here(job)
+        if mode != "async_naive" and not self._q.unfinished_tasks:  # the worker is idle and may be skipped
+            if device.models_only():
+                return self._schedule(job)
+            if device.computes_on_host() and _here(job.exe):
+                return self._run_here(job)
         self._ensure_thread()
         self._q.put(job)
         t0 = timeline.now()
@@ -105,7 +106,7 @@ class Executor:
         An interrupt during the run (Ctrl-C) fails the job's outputs: no reader waits for values never made."""
         t0 = timeline.now()
         try:
-            self._run(job, lane=None)
+            self._run(job, on_worker=False)
         except BaseException as e:
             if not all(leaf.ready.is_set() for leaf in job.outs):
                 self._store(job, None, DeviceExecutionError(
@@ -204,9 +205,9 @@ class Executor:
                 job = None
                 self._q.task_done()
 
-    def _run(self, job: Job, lane: str | None = "worker") -> None:
-        """Prepare and run ``job`` (on the worker, or with ``lane`` None on the submitting thread: no
-        preparation span then, it is part of the host's)."""
+    def _run(self, job: Job, on_worker: bool = True) -> None:
+        """Prepare and run ``job`` (on the worker, or on the submitting thread: no preparation span then,
+        it is part of the host's)."""
         exe = job.exe
         t0 = timeline.now()
         inherited = False
@@ -220,8 +221,8 @@ class Executor:
             err = None
         job.prepared.set()
         t1 = timeline.now()
-        if lane is not None:
-            timeline.record(lane, f"prepare {exe.name}", t0, t1)
+        if on_worker:
+            timeline.record("worker", f"prepare {exe.name}", t0, t1)
         result = None
         if err is None:
             try:
