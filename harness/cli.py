@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--catalog", action="store_true",
                     help="every catalog model that built (tiny configs; `harness zoo list --catalog`), with --models "
                          "too; the rows of models not re-recorded are kept")
+    rr.add_argument("--recipes", action="store_true",
+                    help="every training recipe (optimizers, clipping, losses, layers: model_zoo/recipes.py; tiny "
+                         "configs), with --models and --catalog too")
     rr.add_argument("--configs", default="tiny,default", help="comma-separated zoo configs recorded per model")
     rr.add_argument("--resume", action="store_true",
                     help="skip the model configs the registry file already holds (finish an interrupted run)")
@@ -119,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.reg_cmd == "record":
         import model_zoo
 
-        models = args.models.split(",") if args.models else [] if args.catalog else model_zoo.names()
+        models = args.models.split(",") if args.models else [] if args.catalog or args.recipes else model_zoo.names()
         for m in models:
             model_zoo.get(m)  # unknown names fail before any work starts
         cells = [(m, c) for m in models for c in args.configs.split(",")]
@@ -127,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
             from model_zoo import catalog
 
             cells += [(e.name, "tiny") for e in catalog.built() if e.source != "zoo" and e.name not in models]
+        if args.recipes:
+            from model_zoo import recipes
+
+            cells += [(r, "tiny") for r in recipes.candidates() if r not in models]
         if args.resume and path.exists():
             from shape_registry import Registry
 

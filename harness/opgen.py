@@ -78,7 +78,8 @@ def _values(spec: dict, g: torch.Generator, sizes_of: dict) -> torch.Tensor:
     return torch.randint(lo, hi + 1, shape, generator=g).to(dtype)
 
 
-_SORTED_ARGS = ("offs", "offsets", "cu_seqlens")  # cumulative group ends: only sorted values are valid
+# cumulative group bounds (grouped_mm's ends, embedding_bag's starts from 0): only sorted values are valid
+_SORTED_ARGS = ("offs", "offsets", "cu_seqlens")
 
 
 def _rois(spec: dict, g: torch.Generator, sizes_of: dict) -> torch.Tensor:
@@ -100,8 +101,8 @@ def _tensor(spec: dict, g: torch.Generator, sizes_of: dict, name: str = "") -> t
         vals = _values(spec, g, sizes_of)
         if name in _SORTED_ARGS and vals.dim() == 1 and vals.numel():
             vals = vals.sort().values
-            if "range" in spec:
-                vals[-1] = spec["range"][1]  # the last group ends where the real run's did (all rows)
+            if "range" in spec:  # the first and last bounds are the real run's (from 0, all rows)
+                vals[0], vals[-1] = spec["range"][0], spec["range"][1]
         return vals
     # Rebuild the recorded layout, overlapping ones (stride 0 from expand) included: values fill the
     # smallest storage the strides address, viewed with as_strided.

@@ -1,6 +1,6 @@
 """All zoo specs by name; each module under ``model_zoo/models`` exports ``SPECS`` (the hand-written
-headline models); the catalog's models (``model_zoo.catalog``, names ``hf_*`` and ``tv_*``) are found
-by ``get`` too."""
+headline models); the catalog's models (``model_zoo.catalog``, names ``hf_*`` and ``tv_*``) and the
+training recipes (``model_zoo.recipes``, names ``recipe_*``) are found by ``get`` too."""
 from __future__ import annotations
 
 import importlib
@@ -33,8 +33,10 @@ def names() -> list[str]:
 
 @lru_cache(maxsize=None)
 def _catalog_spec(name: str) -> ModelSpec | None:
-    from model_zoo import catalog
+    from model_zoo import catalog, recipes
 
+    if name.startswith(recipes.PREFIX):
+        return recipes.spec(name) if name in recipes.candidates() else None
     return catalog.spec(name) if catalog.is_candidate(name) else None
 
 
@@ -44,6 +46,6 @@ def get(name: str) -> ModelSpec:
         return specs[name]
     found = _catalog_spec(name)
     if found is None:
-        raise KeyError(f"unknown zoo model {name!r}; known: {', '.join(specs)} and the catalog's "
-                       "(`harness zoo list --catalog`)")
+        raise KeyError(f"unknown zoo model {name!r}; known: {', '.join(specs)}, the catalog's "
+                       "(`harness zoo list --catalog`) and the training recipes (`model_zoo.recipes`)")
     return found

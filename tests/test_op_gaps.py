@@ -214,3 +214,48 @@ def test_grouped_mm_refuses_at_the_op_what_eager_refuses():
         torch.ops.aten._grouped_mm(a, b, offs)
     with pytest.raises(RuntimeError, match=r"mat_b \(shape \[3, 8, 6\].*make its last dimension a multiple of 4"):
         torch.ops.aten._grouped_mm(a.to("mncore"), b.to("mncore"), offs.to("mncore"))
+
+
+EMBEDDING_BAG = {  # (mode, per-sample weights, include_last_offset, padding_idx, dtype): each CPU kernel path
+    "sum, fast path": ("sum", False, False, None, torch.float32),
+    "sum, weighted, last offset": ("sum", True, True, None, torch.float32),
+    "sum, padding index": ("sum", False, False, 3, torch.float32),
+    "sum, float64 (no fast path)": ("sum", False, False, None, torch.float64),
+    "mean, last offset": ("mean", False, True, None, torch.float32),
+    "max": ("max", False, False, None, torch.float32),
+    "max, last offset": ("max", False, True, 3, torch.float32),
+}
+
+
+@pytest.mark.parametrize("case", list(EMBEDDING_BAG))
+def test_embedding_bag_outputs_and_gradients_follow_eager(case):
+    """The kernel's bookkeeping outputs (offset2bag, bag sizes, max indices) have other shapes on meta
+    tensors than on the CPU; the trace follows the CPU's, so they can be read, and the backward agrees."""
+    mode, weighted, last, pad, dtype = EMBEDDING_BAG[case]
+    torch.manual_seed(0)
+    weight, idx = torch.randn(16, 5, dtype=dtype), torch.randint(0, 16, (9,))
+    # an empty bag in the middle; with include_last_offset the last offset closes the indices (eager's
+    # weighted backward leaves the gradient uninitialised for indices past a closing offset)
+    offsets = torch.tensor([0, 4, 4, 9 if last else 7])
+    scale = torch.rand(9, dtype=dtype) if weighted else None
+    code = {"sum": 0, "mean": 1, "max": 2}[mode]
+
+    def outputs(device: str) -> tuple[torch.Tensor, ...]:
+        return torch.ops.aten._embedding_bag.default(
+            weight.to(device), idx.to(device), offsets.to(device), False, code, False,
+            None if scale is None else scale.to(device), last, -1 if pad is None else pad)
+
+    got, want = outputs("mncore"), outputs("cpu")
+    assert [o.shape for o in got] == [o.shape for o in want]
+    for g, w in zip(got[:3] if mode != "max" else got, want):  # max_indices is unwritten outside max mode
+        _same(g, w)
+
+    def gradient(device: str) -> torch.Tensor:
+        w = weight.clone().to(device).requires_grad_()
+        out = nn.functional.embedding_bag(idx.to(device), w, offsets.to(device), mode=mode,
+                                          per_sample_weights=None if scale is None else scale.to(device),
+                                          include_last_offset=last, padding_idx=pad)
+        (out * torch.arange(out.numel(), dtype=dtype, device=device).view_as(out)).sum().backward()
+        return w.grad
+
+    _same(gradient("mncore"), gradient("cpu"))

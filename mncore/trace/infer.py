@@ -92,6 +92,25 @@ def _unreduced_1d_multilabel_loss(args: list, kwargs: dict, out: tuple) -> tuple
     return (out[0].reshape(()), *out[1:]) if args[0].dim() == 1 and reduction == 0 else out
 
 
+def _embedding_bag(args: list, kwargs: dict, out: tuple) -> tuple:
+    """``_embedding_bag``'s bookkeeping outputs as the CPU kernel shapes them (meta's differ): a bag count
+    less the closing offset with ``include_last_offset``, ``max_indices`` of one entry per bag outside
+    ``max`` mode, and no ``offset2bag`` on the kernel's fast sum path (float32/16 or bfloat16 rows, unit
+    strides, no padding index)."""
+    names = ("weight", "indices", "offsets", "scale_grad_by_freq", "mode", "sparse", "per_sample_weights",
+             "include_last_offset", "padding_idx")
+    defaults = dict(zip(names[3:], (False, 0, False, None, False, -1)))
+    a = {**defaults, **dict(zip(names, args)), **kwargs}
+    weight, scale = a["weight"], a["per_sample_weights"]
+    bags = a["offsets"].size(0) - (1 if a["include_last_offset"] else 0)
+    fast_sum = (a["mode"] == 0 and a["padding_idx"] < 0 and weight.stride(1) == 1
+                and weight.dtype in (torch.float32, torch.float16, torch.bfloat16)
+                and (scale is None or scale.stride(0) == 1))
+    offset2bag = out[1].new_empty((0,)) if fast_sum else out[1]
+    max_indices = out[3] if a["mode"] == 2 else out[2].new_empty((bags,))
+    return out[0], offset2bag, out[2].new_empty((bags,)), max_indices
+
+
 # Ops whose meta kernel gives outputs another shape than eager's kernels: the rule makes them agree.
 _CPU_SHAPES = {
     "native_batch_norm.default": _eval_batch_norm,
@@ -99,6 +118,7 @@ _CPU_SHAPES = {
     "_native_batch_norm_legit_no_training.default": lambda args, kwargs, out: _eval_batch_norm(
         [*args[:5], False], {}, out),
     "multilabel_margin_loss_forward.default": _unreduced_1d_multilabel_loss,
+    "_embedding_bag.default": _embedding_bag,
 }
 
 
