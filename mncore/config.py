@@ -113,7 +113,8 @@ KNOBS: tuple[Knob, ...] = (
     _knob("backward_thread", "caller", _choice(BACKWARD_THREADS), "init (on the thread that calls it)",
           "where autograd runs backward over mncore tensors: on the thread that calls backward() (caller), or on "
           "PyTorch's per-device autograd thread, its default for accelerators (device), which hands the GIL to and "
-          "fro with the tracing thread (benchmarks/backward_thread.py: a lazy MLP step at w=64 took 1.1-1.4x as long)", ", ".join(BACKWARD_THREADS)),
+          "fro with the tracing thread (benchmarks/backward_thread.py compares the lazy MLP step both ways: slower "
+          "on the device thread)", ", ".join(BACKWARD_THREADS)),
     _knob("sim_mode", "functional", _choice(SIM_MODES), "init",
           "emu2/mncore2: compute values, or only model time", ", ".join(SIM_MODES)),
     _knob("float_dtype", "float", _choice(PRECISION_POLICIES), "init",
