@@ -1,8 +1,9 @@
 """Training recipes: what users' training code adds around an architecture, on small models.
 
 The zoo and the catalog train every model with SGD and cross-entropy, and their architectures use only
-some of ``torch.nn``'s layers. A user's training step also runs their optimizer (Adam, RMSprop, a fused or
-``foreach`` implementation), gradient clipping, their loss, and layers no catalog model happens to have.
+some of ``torch.nn``'s layers. A user's training step also runs their optimizer (Adam, RMSprop, ..., in
+its single-tensor, ``foreach`` or fused implementation), gradient clipping, their loss, and layers no
+catalog model happens to have.
 Each recipe here is one of those on a small model, so that the shape registry (``harness registry record
 --recipes``) and the op tests generated from it cover the ops they run. Recipes are not architectures:
 they are not in the catalog, its traits or the tiers. Names start with ``recipe_`` and have one config,
@@ -10,6 +11,7 @@ they are not in the catalog, its traits or the tiers. Names start with ``recipe_
 """
 from __future__ import annotations
 
+import inspect
 from functools import lru_cache
 from typing import Any, Callable, Iterable
 
@@ -30,8 +32,18 @@ OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {
     "rmsprop": ("RMSprop", {"momentum": 0.9, "centered": True}),
     "sgd_nesterov": ("SGD", {"lr": 0.01, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-4}),
 }
-# Each optimizer runs in its single-tensor form (foreach=False) and in its foreach form (foreach=True).
-FORMS = {"single": False, "foreach": True}
+# Each optimizer runs in its single-tensor, foreach and (where it has the flag) fused implementation.
+FORMS: dict[str, dict[str, bool]] = {"single": {"foreach": False}, "foreach": {"foreach": True},
+                                     "fused": {"fused": True}}
+
+
+def _forms(cls: str) -> list[str]:
+    """The implementations ``torch.optim.<cls>`` offers (fused only where its constructor takes the flag)."""
+    takes = inspect.signature(getattr(torch.optim, cls)).parameters
+    return [f for f, kw in FORMS.items() if all(k in takes for k in kw)]
+
+
+CLIP_FORMS = ("single", "foreach")
 
 
 def _clip_norm(params: list[nn.Parameter], foreach: bool) -> None:
@@ -184,14 +196,14 @@ def _optimizer_fn(recipe: str) -> Callable[[Iterable[nn.Parameter]], torch.optim
     if kind == "optim":
         name, form = what.rsplit("_", 1)
         cls, kwargs = OPTIMIZERS[name]
-        return lambda params: getattr(torch.optim, cls)(params, **kwargs, foreach=FORMS[form])
+        return lambda params: getattr(torch.optim, cls)(params, **kwargs, **FORMS[form])
     if kind == "clip":
         how, form = what.rsplit("_", 1)
 
         def make(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
             params = list(params)
             opt = torch.optim.SGD(params, lr=0.01)
-            opt.register_step_pre_hook(lambda *_: CLIPPING[how](params, FORMS[form]))
+            opt.register_step_pre_hook(lambda *_: CLIPPING[how](params, form == "foreach"))
             return opt
         return make
     return lambda params: torch.optim.SGD(params, lr=0.01)
@@ -199,8 +211,9 @@ def _optimizer_fn(recipe: str) -> Callable[[Iterable[nn.Parameter]], torch.optim
 
 @lru_cache(maxsize=1)
 def candidates() -> tuple[str, ...]:
-    """Every recipe name: optimizers and clipping in each form, losses, layers."""
-    names = [f"optim_{o}_{f}" for o in OPTIMIZERS for f in FORMS] + [f"clip_{c}_{f}" for c in CLIPPING for f in FORMS]
+    """Every recipe name: optimizers and clipping in each implementation, losses, layers."""
+    names = [f"optim_{o}_{f}" for o, (cls, _) in OPTIMIZERS.items() for f in _forms(cls)]
+    names += [f"clip_{c}_{f}" for c in CLIPPING for f in CLIP_FORMS]
     names += [f"loss_{n}" for n in LOSSES] + [f"layer_{n}" for n in LAYERS]
     return tuple(PREFIX + n for n in names)
 
