@@ -85,6 +85,27 @@ def test_optim_suite_catches_a_wrong_kernel():
     assert res.passed == res.samples - 2  # the two for-loop samples; foreach and capturable pass
 
 
+@pytest.mark.unit
+def test_optim_suite_catches_a_wrong_fused_kernel():
+    """A wrong ``_fused_adam_`` (parameters x1.5 after the update) fails Adam's fused samples only. The op
+    has no functional twin, so the trace wraps it (clone, then mutate): the override must reach the
+    kernel inside that wrapper, or it would be accepted and silently never run."""
+    mncore.init_cpu(implicit_sync="silent")
+    op = torch.ops.aten._fused_adam_.default
+
+    def wrong(params, *args, **kwargs):
+        op(params, *args, **kwargs)
+        torch._foreach_mul_(params, 1.5)
+
+    mncore.register_lowering(op, wrong)
+    try:
+        res = optim.run_optimizer("Adam", "mncore", cap=2)
+    finally:
+        mncore.unregister_lowering(op)
+    assert res.status == "fail" and "[fused]" in res.failing_sample and "not close" in res.message, res
+    assert res.passed == res.samples - 2  # the two fused samples
+
+
 @pytest.mark.parametrize("name", _params("opinfo", OPS, [pytest.mark.opinfo]))
 def test_opinfo(name):
     mncore.init_cpu(implicit_sync="silent")
@@ -135,8 +156,8 @@ def test_cli_runs_the_optimizer_suite(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert [(r["model"], r["status"], r["config"], r["suite"]) for r in rows] == [
         ("SGD", "pass", "optim_db", "optim"), ("SparseAdam", "skipped", "optim_db", "optim")]
-    # its first input, as a for-loop and as a foreach optimizer (SGD has no capturable flag)
-    assert rows[0]["steps"] == rows[0]["samples_pass"] == 2
+    # its first input as a for-loop, a foreach and a fused optimizer (SGD has no capturable flag)
+    assert rows[0]["steps"] == rows[0]["samples_pass"] == 3
     assert "sparse" in rows[1]["reason"]
 
 

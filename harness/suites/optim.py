@@ -1,14 +1,15 @@
 """PyTorch's optimizer database (``optim_db``) as a suite: every optimizer, its first ``cap`` inputs (the
-database's own hyperparameter sets), each run as a for-loop, a ``foreach`` and a ``capturable``
-implementation where the optimizer has them; three ``step(closure)`` calls on a small model, then the
+database's own hyperparameter sets), each run as a for-loop, a ``foreach``, a ``capturable`` and a
+``fused`` implementation where the optimizer has them; three ``step(closure)`` calls on a small model, then the
 parameters, the optimizer's state and the last loss against eager CPU (``harness.suites.check``).
 
 The model is a weight (10x5) and a bias (10) from seed 0, ``loss = (W @ x + b)².sum()`` on a fixed input:
 the gradients come from backward on the device, as in training. An optimizer that takes 2-D parameters
 only (Muon) gets the weight alone. The eager reference runs the same kwargs without ``capturable`` (a
-CPU optimizer refuses it; it changes where the step count lives, not the maths). Left out, with why:
-fused kernels (device-specific, ``fused=True``: mncore has none) and sparse gradients (SparseAdam:
-mncore has no sparse layout).
+CPU optimizer refuses it; it changes where the step count lives, not the maths). A fused implementation
+is one ATen kernel per step (``_fused_adamw_``, ...), which mncore traces as any other op. Left out, with
+why: sparse gradients (SparseAdam: mncore has no sparse layout), and the database's own ``fused=True``
+inputs (its hyperparameter sets run as the fused implementation already).
 """
 from __future__ import annotations
 
@@ -35,12 +36,15 @@ def database() -> dict[str, Any]:
 
 def implementations(info: Any) -> list[tuple[str, dict[str, Any]]]:
     """(name, kwargs) of the implementations a sample runs: for-loop and foreach where the optimizer has a
-    ``foreach`` flag (and capturable, on foreach, where it has that), else its only one."""
+    ``foreach`` flag (and capturable, on foreach, where it has that; fused where it has a fused kernel),
+    else its only one."""
     if "foreach" not in info.supported_impls:
         return [("default", {})]
     impls = [("for-loop", {"foreach": False}), ("foreach", {"foreach": True})]
     if info.has_capturable_arg:
         impls.append(("capturable", {"foreach": True, "capturable": True}))
+    if "fused" in info.supported_impls:
+        impls.append(("fused", {"fused": True}))
     return impls
 
 

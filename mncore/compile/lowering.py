@@ -12,6 +12,7 @@ from typing import Any, Callable
 import torch
 
 from mncore.ir.ops import LAZY_BIT_VIEWS
+from mncore.ir.targets import MutateFn
 
 aten = torch.ops.aten
 
@@ -34,7 +35,12 @@ _version = [0]
 
 
 def lower(target: Any) -> Any:
-    """The callable that executes ``target`` (an override, a built-in substitute, or itself)."""
+    """The callable that executes ``target`` (an override, a built-in substitute, or itself). A mutating op
+    without a functional twin is traced as a ``MutateFn`` around it: an override of the op replaces the
+    kernel inside, so it applies there too."""
+    if isinstance(target, MutateFn):
+        fn = _overrides.get(target.op)
+        return target if fn is None else target.with_op(fn)
     return _overrides.get(target) or _BUILTIN.get(target, target)
 
 

@@ -5,6 +5,7 @@ FX code generator can print them.
 """
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -118,6 +119,13 @@ class MutateFn:
         for n in news:
             flat.extend(n if isinstance(n, list) else [n])
         return rets + tuple(flat)
+
+    def with_op(self, op: Any) -> MutateFn:
+        """The same clone-and-mutate target around another kernel (a lowering that replaces the op's own)."""
+        twin = copy.copy(self)
+        twin.op = op
+        twin.__name__ = f"functionalized_{getattr(op, '__name__', 'op')}"
+        return twin
 
     def __repr__(self) -> str:
         return self.__name__
