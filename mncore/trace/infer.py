@@ -97,10 +97,10 @@ def _embedding_bag(args: list, kwargs: dict, out: tuple) -> tuple:
     less the closing offset with ``include_last_offset``, ``max_indices`` of one entry per bag outside
     ``max`` mode, and no ``offset2bag`` on the kernel's fast sum path (float32/16 or bfloat16 rows, unit
     strides, no padding index)."""
-    names = ("weight", "indices", "offsets", "scale_grad_by_freq", "mode", "sparse", "per_sample_weights",
-             "include_last_offset", "padding_idx")
-    defaults = dict(zip(names[3:], (False, 0, False, None, False, -1)))
-    a = {**defaults, **dict(zip(names, args)), **kwargs}
+    schema = torch.ops.aten._embedding_bag.default._schema.arguments
+    a = {s.name: s.default_value for s in schema if s.has_default_value()}
+    a.update(zip((s.name for s in schema), args))
+    a.update(kwargs)
     weight, scale = a["weight"], a["per_sample_weights"]
     bags = a["offsets"].size(0) - (1 if a["include_last_offset"] else 0)
     fast_sum = (a["mode"] == 0 and a["padding_idx"] < 0 and weight.stride(1) == 1
