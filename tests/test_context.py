@@ -186,6 +186,25 @@ def test_compiled_training_matches_eager_and_lazy(ctx, tmp_path, opt_name):
         _assert_close(state[k], lazy_state[k], f"{k} vs lazy")
 
 
+@pytest.mark.parametrize("where", ["caller", "worker"])
+def test_state_values_a_call_replaces_are_freed(ctx, tmp_path, where):
+    """Each call replaces the registered state (here 4 parameters and 4 momentum buffers); the values it
+    replaced must be freed, whether the graph runs on the calling thread (inside submit) or on the worker.
+    They were kept alive as a chain of fallbacks when the graph had run before the call committed them."""
+    torch.manual_seed(0)
+    model = _mlp()
+    opt = MNCoreSGD(model.parameters(), lr=0.1, momentum=0.9)
+    batches = _batches(4)
+    with mncore.config.override(cpu_thread=where):
+        _, step = _context_train(ctx, model, opt, batches, tmp_path / "train")
+        mncore.wait_device_ops()
+        warm = mncore.metrics.counters()["live_buffers"]
+        for i in range(40):
+            step(batches[i % len(batches)])
+        mncore.wait_device_ops()
+    assert mncore.metrics.counters()["live_buffers"] == warm
+
+
 def test_synchronize_writes_trained_values_to_host(ctx, tmp_path, capsys):
     torch.manual_seed(0)
     base = _mlp()

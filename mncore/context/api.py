@@ -240,6 +240,11 @@ class CompiledFunction:
         for o in outs:
             o.graph = v.exe.name if v.exe else None
         if v.exe is not None:
+            for name, i in v.state_updates.items():  # a failed call keeps the last good value
+                outs[i].fallback = self._context._value(name)
+            # the fallbacks are set before the job is submitted: the job may run (and drop them on
+            # success) inside submit, on this thread; set after, they were never dropped, and every
+            # call kept the state values it replaced alive (a chain of fallbacks)
             executor.submit(Job(exe=v.exe, leaves=leaves, scalars=scalars, outs=outs))
         return outs
 
@@ -256,7 +261,6 @@ class CompiledFunction:
     def _commit(self, v: _Variant, bound: dict[str, Data], outs: list[Data]) -> dict[str, TensorProxy]:
         ctx = self._context
         for name, i in v.state_updates.items():
-            outs[i].fallback = ctx._value(name)  # a failed call keeps the last good value
             ctx._values[name] = outs[i]
         result = {}
         for k, spec in v.out_specs.items():
