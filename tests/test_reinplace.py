@@ -1,4 +1,6 @@
 """Re-inplacing (``mncore/compile/reinplace.py``): the code pfvm runs writes fresh intermediates in place.
+The other rewrites of that code are checked here too: double transposes dropped, ops called through
+bound entries (``Executable.python_code``).
 
 Two references: the functional graph the compiler keeps (run as an FX module on the same inputs, it must
 give bit-identical outputs: the same ATen kernels, in-place or not, on the same inputs in the same order
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import operator
+import re
 
 import pytest
 import torch
@@ -22,6 +25,8 @@ import mncore
 import model_zoo
 from harness.runner import disable_dropout
 from mncore.cache import memory as compile_cache
+from mncore.compile.executable import bind_ops
+from mncore.compile.passes import drop_double_transposes
 from mncore.compile.reinplace import reinplace
 from mncore.devices.pfvm import PfvmDevice
 from mncore.ir.meta import meta_of
@@ -271,3 +276,59 @@ def test_reinplace_off_runs_the_functional_graph(monkeypatch):
         with pytest.raises(mncore.errors.DeviceExecutionError, match="the rewritten code ran"):
             mncore.wait_device_ops()
     del z
+
+
+def test_double_transposes_are_dropped_and_the_values_kept():
+    def fn(w, x):
+        b = w.t()
+        return w.t().t() * 2, b + 1, b.t() - 1, x.t().t() * 3  # the last: t of a 1-d tensor is itself
+
+    w, x = torch.randn(3, 4), torch.randn(5)
+    graph = _graph(fn, w, x)
+    functional = fx.GraphModule(torch.nn.Module(), copy.deepcopy(graph))
+    assert drop_double_transposes(graph) == 3
+    graph.lint()
+    # the one t left is b, which an output reads; the inner t of each dropped pair went with it
+    assert [n.target for n in graph.nodes].count(aten.t.default) == 1
+    got = fx.GraphModule(torch.nn.Module(), graph)(w, x)
+    want = functional(w, x)
+    assert all(torch.equal(g, v) for g, v in zip(got, want))
+    for g, e in zip(got, fn(w, x)):
+        torch.testing.assert_close(g, e)
+
+
+def test_a_training_step_runs_without_double_transposes(monkeypatch):
+    """Lazy mode's MLP step held ``t(t(.))`` for each weight read in backward and each weight gradient."""
+    runs: list = []
+    run = PfvmDevice.run
+    monkeypatch.setattr(PfvmDevice, "run", lambda self, exe, *a: runs.append(exe) or run(self, exe, *a))
+    compile_cache.clear()
+    model, opt_fn, batch, loss_fn = _adamw_mlp()
+    model = model.mncore()
+    opt = opt_fn(model.parameters())
+    loss_fn(model, *[b.mncore() for b in batch]).backward()
+    opt.step()
+    mncore.sync()
+    mncore.wait_device_ops()
+    [exe] = [e for e in runs if e.stats.get("transposes_dropped")]
+    assert exe.stats["transposes_dropped"] == 3  # W2 in backward, and both weight gradients
+    transposed = dict(re.findall(r"(\w+) = torch\.ops\.aten\.t\.default\((\w+)\)", exe.code))
+    assert transposed and not [v for v in transposed.values() if v in transposed]
+
+
+def test_bind_ops_binds_overloads_and_leaves_the_rest():
+    x = torch.randn(6)
+    code = ("\n\ndef forward(self, x):\n"
+            "    a = torch.ops.aten.relu.default(x)\n"
+            "    b = torch.ops.aten.mul.Tensor(a, a)\n"
+            "    c = torch.ops.aten.neg(b)\n"  # an overload packet, not an overload: left as written
+            "    return (a, b, c)\n")
+    forward = bind_ops(code, {"torch": torch}, "test")
+    names = set(forward.__code__.co_names)
+    assert {"__mn_aten_relu_default", "__mn_aten_mul_Tensor", "neg"} <= names and not {"relu", "mul"} & names
+    a, b, c = forward(None, x)
+    assert torch.equal(a, x.relu()) and torch.equal(b, x.relu() * x.relu()) and torch.equal(c, -(x.relu() ** 2))
+    # a name the code already uses is never shadowed: that op keeps FX's call
+    clash = code.replace("    c = ", "    __mn_aten_relu_default = 1\n    c = ")
+    names = set(bind_ops(clash, {"torch": torch}, "test").__code__.co_names)
+    assert "relu" in names and "__mn_aten_mul_Tensor" in names

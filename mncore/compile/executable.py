@@ -5,6 +5,7 @@ kernel program with MN-Core number formats).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -39,6 +40,7 @@ class Executable:
     _graph: fx.Graph | None = None
     _kernels: list[Kernel] | None = None
     _gm: fx.GraphModule | None = None
+    _bound: Callable[..., Any] | None = None
 
     @classmethod
     def from_graph_module(cls, gm: fx.GraphModule, kernels: list[Kernel], **kw: Any) -> Executable:
@@ -75,8 +77,45 @@ class Executable:
         return self._graph is not None
 
     def python_code(self) -> Callable[..., Any]:
-        """The generated code as a callable ``f(*args)`` (placeholders in order)."""
-        if self.forward is not None:
-            forward = self.forward
-            return lambda *args: forward(None, *args)
-        return self.gm
+        """The generated code as a callable ``f(*args)`` (placeholders in order), its ops bound directly
+        (:func:`bind_ops`)."""
+        if self._bound is None:
+            if self.forward is None:
+                return self.gm
+            forward = bind_ops(self.code, self.forward.__globals__, self.name)
+            self._bound = lambda *args: forward(None, *args)
+        return self._bound
+
+
+_OP_CALL = re.compile(r"\btorch\.ops\.(\w+)\.(\w+)\.(\w+)\(")
+
+
+def bind_ops(code: str, env: dict[str, Any], name: str) -> Callable[..., Any]:
+    """FX's ``forward`` source with every ``torch.ops.<ns>.<op>.<overload>(...)`` call made through a global
+    bound to the overload's C++ dispatcher entry, compiled with ``env``'s globals.
+
+    Why: the generated code looks up four attributes and enters ``OpOverload.__call__`` (a Python frame)
+    per op, about 0.6 us; a small graph such as the seed MLP's training step (62 ops) ran 12 % faster on
+    pfvm:cpu. The entry is the one ``OpOverload.__call__`` reaches for tensors with no Python dispatch
+    (the graph's are plain device tensors), so the values are the same. Anything else (not an
+    ``OpOverload``, a name already used in the code) is left as FX wrote it."""
+    bound: dict[str, Any] = {}
+
+    def bind(m: re.Match) -> str:
+        ns, op, overload = m.groups()
+        global_name = f"__mn_{ns}_{op}_{overload}"
+        if global_name not in bound:
+            try:
+                target = getattr(getattr(getattr(torch.ops, ns), op), overload)
+            except (AttributeError, RuntimeError):
+                return m.group(0)
+            entry = getattr(target, "_cpp_dispatch_handle", None) or getattr(target, "_op", None)
+            if not isinstance(target, torch._ops.OpOverload) or entry is None or global_name in code:
+                return m.group(0)
+            bound[global_name] = entry
+        return global_name + "("
+
+    source = _OP_CALL.sub(bind, code)
+    scope = {**env, **bound}
+    exec(compile(source, f"<mncore {name}>", "exec"), scope)  # noqa: S102 - FX's code for our own graph
+    return scope["forward"]

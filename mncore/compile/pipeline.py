@@ -128,6 +128,7 @@ def compile_graph(graph: fx.Graph, name: str, key: Any, policy: str, static_shap
         "torch": torch.__version__,
     })
     run = _runnable(graph)
+    stats["transposes_dropped"] = passes.drop_double_transposes(run.graph)
     stats["reinplaced"] = reinplace.reinplace(run.graph)
     run.recompile()
     out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
