@@ -14,11 +14,12 @@ measured host time with modelled device time.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
-import statistics
-import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from sidebyside import alternate  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,16 +55,8 @@ def main(argv: list[str] | None = None) -> int:
             run(every, i)
     mncore.wait_device_ops()
     per_block = 2 * a.check_every  # two checks per block, at the same calls of each block
-    times: dict[int, list[float]] = {every: [] for every in steps}
-    for block in range(a.blocks):
-        order = list(steps) if block % 2 == 0 else list(steps)[::-1]
-        for every in order:
-            t0 = time.perf_counter()
-            for i in range(per_block):
-                run(every, i)
-            mncore.wait_device_ops()
-            times[every].append((time.perf_counter() - t0) / per_block)
-    med = {every: statistics.median(v) * 1e6 for every, v in times.items()}
+    runs = {every: functools.partial(run, every) for every in steps}
+    med = {every: v * 1e6 for every, v in alternate(runs, a.blocks, per_block, mncore.wait_device_ops).items()}
     kind = "measured host time, modelled device time" if simulated else "measured wall time"
     print(f"MLP w={a.width}, batch 64, SGD, captured on {a.backend}"
           f"{' (performance)' if simulated else ''}; {kind} per step, median of {a.blocks} blocks of "

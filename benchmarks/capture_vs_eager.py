@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from sidebyside import alternate  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,18 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         eager(i)
         captured(i)
     mncore.wait_device_ops()
-    times: dict[str, list[float]] = {"eager": [], "captured": []}
     per_block = max(1, a.steps // a.blocks)
-    for block in range(a.blocks):
-        for name, fn in (("eager", eager), ("captured", captured)) if block % 2 == 0 else (
-                ("captured", captured), ("eager", eager)):
-            t0 = time.perf_counter()
-            for i in range(per_block):
-                fn(i)
-            mncore.wait_device_ops()
-            times[name].append((time.perf_counter() - t0) / per_block)
+    med = {k: v * 1e3 for k, v in alternate({"eager": eager, "captured": captured}, a.blocks, per_block,
+                                            mncore.wait_device_ops).items()}
     replays = mncore.metrics.counters()["replays"]
-    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     print(f"MLP w={a.width}, batch 64, SGD; measured wall time per step, median of {a.blocks} blocks "
           f"of {per_block} steps")
     print(f"  eager PyTorch (CPU):         {med['eager']:.3f} ms")
