@@ -262,6 +262,26 @@ def test_buffers_are_freed_with_their_tensors():
     assert mncore.metrics.counters()["live_buffers"] == base
 
 
+@pytest.mark.parametrize("device,policy", [("pfvm:cpu", "float"), ("mncore2:auto", "double")])
+def test_live_bytes_count_each_result_as_stored(sim_env, device, policy):
+    """A job's results enter the byte total at the size they are stored at: the traced size as a rule,
+    the stored one where it differs (the simulator's double policy keeps float32 results in float64)."""
+    from mncore.ir import buffers
+
+    mncore.init(device, float_dtype=policy)
+    x = torch.ones(64, 32).mncore()
+    mncore.wait_device_ops()
+    base = buffers.live_bytes()
+    y, z = x * 2.0 + 1.0, x.sum(0)
+    mncore.sync()
+    mncore.wait_device_ops()
+    stored = [buffers.get(t.mn_storage.value[0].bid) for t in (y, z)]
+    assert [s.dtype for s in stored] == [torch.float64 if policy == "double" else torch.float32] * 2
+    assert buffers.live_bytes() - base == sum(s.numel() * s.element_size() for s in stored)
+    del y, z, stored
+    assert buffers.live_bytes() == base
+
+
 def test_reinit_switches_after_draining_pending_work():
     x = torch.arange(4.0).mncore() * 3
     mncore.init_cpu(execution="sync", implicit_sync="error")  # syncs and waits first

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import torch
 from torch.utils import _pytree as pytree
 
 from mncore.capture.plan import Plan, holder_tensor
@@ -88,18 +89,19 @@ def replay(plan: Plan, leaves: list) -> Any:
             for s, j in writes:
                 store(s, outs[j])
             dropped = []  # .grad tensors replaced: freed by the worker after the run
-            for (kind, _, j), found in others:
-                if kind == "grad_new":
-                    param, (_, meta, chain) = found
-                    old = param.grad
-                    if _unshared(old, meta, chain):  # nobody else can see it: reuse it, cheaper than a new one
-                        store(old.mn_storage, outs[j])
+            with torch._C.DisableTorchFunctionSubclass():  # .grad of an mncore tensor: no override to look for
+                for (kind, _, j), found in others:
+                    if kind == "grad_new":
+                        param, (_, meta, chain) = found
+                        old = param.grad
+                        if _unshared(old, meta, chain):  # nobody else can see it: reuse it, cheaper than a new one
+                            store(old.mn_storage, outs[j])
+                        else:
+                            dropped.append(old)
+                            param.grad = LazyTensor(meta, Storage((outs[j], 0), outs[j].meta), chain)
                     else:
-                        dropped.append(old)
-                        param.grad = LazyTensor(meta, Storage((outs[j], 0), outs[j].meta), chain)
-                else:
-                    for st in found:
-                        store(st, outs[j])
+                        for st in found:
+                            store(st, outs[j])
             t_submit = timeline.now()
             waited = executor.submit(Job(exe=plan.exe, leaves=inputs, scalars=scalars, outs=outs, release=dropped))
             if waited:  # the wait for the worker is not the host's work: two spans around it

@@ -17,6 +17,7 @@ import contextlib
 import functools
 import inspect
 import numbers
+import operator
 import threading
 import weakref
 from typing import Any, Callable, Iterator
@@ -48,7 +49,10 @@ class World:
         self._tensors: list[torch.Tensor] = []
         self._seen: set[int] = set()
         self._thread: int | None = None
-        self._hyper: dict[int, tuple] = {}  # id(param group) -> (its values, their key, the group: keeps the id valid)
+        self._reached: list = []  # what params() saw last time, and its answer
+        self._params: list[torch.Tensor] = []
+        self._hyper: dict[int, tuple] = {}  # id(param group) -> (its values, their key, the group: keeps the
+        # id valid, whether it holds a list other than its parameters)
 
     def roots(self, fn: Callable, leaves: list) -> tuple[int, ...]:
         """Find what the call reaches by name (adding it to the world); their identities key the call,
@@ -90,17 +94,24 @@ class World:
         return lists
 
     def params(self) -> list[torch.Tensor]:
-        """Every parameter of the world's modules and optimizers, and its own tensors, once each."""
-        return list({id(p): p for ps in self._param_lists() for p in ps if p is not None}.values())
+        """Every parameter of the world's modules and optimizers, and its own tensors, once each (in the
+        order first reached). Kept while the collections hold the very same tensors: the key reads this
+        list before every call, and building it costs more than checking it."""
+        reached = [p for ps in self._param_lists() for p in ps]
+        if len(reached) != len(self._reached) or not all(map(operator.is_, reached, self._reached)):
+            self._reached = reached
+            self._params = list({id(p): p for p in reached if p is not None}.values())
+        return self._params
 
     def key(self) -> tuple:
-        """The Python state that changes the traced graph: computed before every call, so without
-        :meth:`params`' de-duplication (a parameter reached twice is keyed twice, in a fixed order).
-        A parameter's state is one small int, ``2 * requires_grad + (.grad is None)``: no tuple per
-        parameter to build, hash and compare."""
+        """The Python state that changes the traced graph, computed before every call. A parameter's
+        state is one small int, ``2 * requires_grad + (.grad is None)``: no tuple per parameter to build,
+        hash and compare. Read with subclass torch functions off: ``.grad`` and ``requires_grad`` of an
+        mncore tensor otherwise look for a ``__torch_function__`` override first, twice as slow."""
         training = tuple([m.training for m in (w() for w in self._modules) if m is not None])
-        grads = tuple([2 * p.requires_grad + (p.grad is None) for ps in self._param_lists() for p in ps
-                       if p is not None])
+        params = self.params()
+        with torch._C.DisableTorchFunctionSubclass():
+            grads = tuple([2 * p.requires_grad + (p.grad is None) for p in params])
         return torch.is_grad_enabled(), _autocast(), training, grads
 
     def hyperparameters(self) -> tuple:
@@ -115,11 +126,12 @@ class World:
                 for g in opt.param_groups:
                     values = tuple(g.values())
                     seen = self._hyper.get(id(g))
-                    if seen is None or len(seen[0]) != len(values) or any(
-                            a is not b or (type(a) is list and a is not g["params"]) for a, b in zip(seen[0], values)):
+                    if seen is None or seen[3] or len(seen[0]) != len(values) or not all(
+                            map(operator.is_, seen[0], values)):
                         # a list other than the parameters may change in place: never taken as unchanged
+                        lists = any(type(v) is list and v is not g["params"] for v in values)
                         seen = self._hyper[id(g)] = (values, tuple(sorted(
-                            (k, repr(v)) for k, v in g.items() if k != "params" and plain(v))), g)
+                            (k, repr(v)) for k, v in g.items() if k != "params" and plain(v))), g, lists)
                     out.append(seen[1])
         return tuple(out)
 
@@ -182,8 +194,10 @@ def _reachable(fn: Callable, leaves: list) -> Iterator[Any]:
         env = getattr(f, "__globals__", {})
         objs += [env[n] for n in code.co_names if n in env]
         for cell in getattr(f, "__closure__", None) or ():
-            with contextlib.suppress(ValueError):  # an empty cell
+            try:  # (not contextlib.suppress: one object per cell, before every call)
                 objs.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                pass
     seen: set[int] = set()
     for obj in objs:
         if id(obj) not in seen and (isinstance(obj, (nn.Module, torch.optim.Optimizer))

@@ -13,6 +13,7 @@ unless the graph is large (``MNCORE_CPU_THREAD``): see :func:`_here`.
 from __future__ import annotations
 
 import atexit
+import math
 import operator
 import queue
 import sys
@@ -134,7 +135,7 @@ class Executor:
                 result = job.device.schedule(exe, job.leaves, job.submitted)  # outputs as exe.output_metas say
             except Exception as e:  # noqa: BLE001 - reported to the host, never swallowed
                 err = self._describe(exe, [], e)
-        self._store(job, None if err is not None else result.outs, err, inherited)
+        self._store(job, None if err is not None else (result.outs, _layout(exe)[2]), err, inherited)
         if err is None:
             latch = None
             for leaf in job.outs:
@@ -227,13 +228,16 @@ class Executor:
         if err is None:
             try:
                 result = job.device.run(exe, job.leaves, args, job.submitted)
-                outs = _conform_outputs(exe, result.outs)
+                outs, sizes = _conform_outputs(exe, result.outs)
             except Exception as e:  # noqa: BLE001 - reported to the host, never swallowed
                 err = self._describe(exe, args, e)
         t2 = timeline.now()
-        self._store(job, None if err is not None else outs, err, inherited)
+        self._store(job, None if err is not None else (outs, sizes), err, inherited)
+        latch = None
         for leaf in job.outs:
-            leaf.ready.set()
+            if leaf.ready is not latch:  # one per job, as a rule
+                latch = leaf.ready
+                latch.set()
         if result is not None and result.modelled_s is not None:
             if result.measured_lane is not None:
                 timeline.record(result.measured_lane, exe.name, t1, t2, nodes=exe.n_nodes,
@@ -246,11 +250,13 @@ class Executor:
         job.release.clear()  # freeing large buffers takes time: not on the host's (unless it runs here)
         job.done.set()
 
-    def _store(self, job: Job, outs: Any, err: BaseException | None, inherited: bool) -> None:
-        """The job's outputs into the buffer table (the values they replace may be freed now), or its error
-        on every output, kept for the host unless an input's graph already reported it (``inherited``)."""
+    def _store(self, job: Job, outs: tuple[Any, list[int]] | None, err: BaseException | None,
+               inherited: bool) -> None:
+        """The job's outputs (results, their sizes) into the buffer table (the values they replace may be
+        freed now), or its error on every output, kept for the host unless an input's graph already
+        reported it (``inherited``)."""
         if err is None:
-            buffers.put_all(zip([leaf.bid for leaf in job.outs], outs))
+            buffers.put_outputs([leaf.bid for leaf in job.outs], *outs)
             for leaf in job.outs:
                 leaf.fallback = None
             return
@@ -308,8 +314,19 @@ def _op_name(node: fx.Node, extra: str = "") -> str:
     return f"{node.target} (node {node.name}{extra}{where})"
 
 
-def _conform_outputs(exe: Any, outs: tuple) -> tuple:
-    """Hold every result to the shape and dtype it was traced with.
+def _layout(exe: Any) -> tuple[list, list, list[int]]:
+    """The shapes, dtypes and byte sizes of ``exe``'s outputs as traced (kept per executable)."""
+    layout = _expected.get(exe)
+    if layout is None:
+        metas = exe.output_metas
+        layout = _expected[exe] = ([None if m is None else m.shape for m in metas],
+                                   [None if m is None else m.dtype for m in metas],
+                                   [0 if m is None else math.prod(m.shape) * m.dtype.itemsize for m in metas])
+    return layout
+
+
+def _conform_outputs(exe: Any, outs: tuple) -> tuple[tuple, list[int]]:
+    """Hold every result to the shape and dtype it was traced with; returns the results and their sizes.
 
     Eager CPU kernels do not validate every input combination, and a few return outputs that are
     undefined in a mode as empty tensors (batch-norm statistics in eval) or in another dtype than
@@ -317,14 +334,10 @@ def _conform_outputs(exe: Any, outs: tuple) -> tuple:
     shape and dtype differences are cast; any other shape difference would corrupt later reads
     silently, so it fails naming the op.
     """
-    expected = _expected.get(exe)
-    if expected is None:
-        metas = exe.output_metas
-        expected = _expected[exe] = ([None if m is None else m.shape for m in metas],
-                                     [None if m is None else m.dtype for m in metas])
+    expected = _layout(exe)
     if ([getattr(o, "shape", None) for o in outs] == expected[0]
             and [getattr(o, "dtype", None) for o in outs] == expected[1]):
-        return outs  # the rule: every output as traced (two list comparisons, not a loop per output)
+        return outs, expected[2]  # the rule: every output as traced (two list comparisons, not a loop per output)
     fixed = None
     for i, (o, m) in enumerate(zip(outs, exe.output_metas)):
         if m is None or not isinstance(o, torch.Tensor):
@@ -344,9 +357,10 @@ def _conform_outputs(exe: Any, outs: tuple) -> tuple:
             continue
         fixed = fixed or list(outs)
         fixed[i] = o
-    return outs if fixed is None else tuple(fixed)
+    outs = outs if fixed is None else tuple(fixed)
+    return outs, [getattr(o, "nbytes", 0) for o in outs]  # a double-policy result is larger than traced
 
 
-_expected: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # executable -> its outputs' (shapes, dtypes)
+_expected: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # executable -> its outputs' (shapes, dtypes, sizes)
 executor = Executor()
 atexit.register(executor.shutdown)

@@ -16,6 +16,7 @@ from mncore import config
 from mncore.sim.hardware import Hardware, hardware
 
 COSTS_JSON = Path(__file__).with_name("costs.json")
+_COSTS_FILE = str(COSTS_JSON)  # asked for on every performance-mode job: not converted each time
 MATRIX_KINDS = ("complex",)
 
 
@@ -66,7 +67,7 @@ def _constants(path: str) -> dict[str, float]:
 
 def costs_path() -> str:
     """The constants file in force (``MNCORE_SIM_COSTS`` or the packaged ``costs.json``)."""
-    return config.get("sim_costs") or str(COSTS_JSON)
+    return config.get("sim_costs") or _COSTS_FILE
 
 
 def cost_model() -> CostModel:

@@ -10,6 +10,7 @@ from typing import Any
 from mncore import config
 
 HARDWARE_JSON = Path(__file__).with_name("hardware.json")
+_HARDWARE_FILE = str(HARDWARE_JSON)  # asked for several times per simulated job: not converted each time
 
 
 @dataclass(frozen=True)
@@ -50,4 +51,4 @@ def _load(path: str, dram_bytes: int | None) -> Hardware:
 
 def hardware() -> Hardware:
     """The board description; ``MNCORE_SIM_DRAM_BYTES`` overrides the DRAM size (read on each call)."""
-    return _load(str(HARDWARE_JSON), config.get("sim_dram_bytes"))
+    return _load(_HARDWARE_FILE, config.get("sim_dram_bytes"))
