@@ -24,7 +24,7 @@ from sidebyside import alternate  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", default="pfvm:cpu", help="pfvm:cpu, or mncore2:auto (run in performance mode)")
+    ap.add_argument("--backend", default="pfvm:cpu", help="pfvm:cpu, mncore2:auto (performance mode), ...")
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--check-every", type=int, default=100, help="the re-validation rate compared with none")
     ap.add_argument("--blocks", type=int, default=16, help="blocks per setting (the order alternates)")
@@ -34,9 +34,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import mncore
     import model_zoo
+    from harness.perf import Backend, init_backend
 
-    simulated = a.backend.startswith("mncore2")
-    mncore.init(a.backend, sim_mode="performance" if simulated else None)
+    backend = Backend.parse(a.backend)
+    simulated = backend.sim_mode is not None
+    init_backend(backend)
     spec = model_zoo.get(f"mlp_w{a.width}")
     batches = [spec.make_batch("default", seed=i) for i in range(4)]
     steps = {}
@@ -58,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = {every: functools.partial(run, every) for every in steps}
     med = {every: v * 1e6 for every, v in alternate(runs, a.blocks, per_block, mncore.wait_device_ops).items()}
     kind = "measured host time, modelled device time" if simulated else "measured wall time"
-    print(f"MLP w={a.width}, batch 64, SGD, captured on {a.backend}"
-          f"{' (performance)' if simulated else ''}; {kind} per step, median of {a.blocks} blocks of "
+    print(f"MLP w={a.width}, batch 64, SGD, captured on {backend.label}; {kind} per step, median of {a.blocks} blocks of "
           f"{per_block} steps")
     print(f"  check_every=0 (never):        {med[0]:8.1f} us")
     print(f"  check_every={a.check_every:<17} {med[a.check_every]:8.1f} us")

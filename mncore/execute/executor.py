@@ -112,8 +112,8 @@ class Executor:
             if not all(leaf.ready.is_set() for leaf in job.outs):
                 self._store(job, None, DeviceExecutionError(
                     f"mncore: graph {job.exe.name} was interrupted ({type(e).__name__}) before it finished"), True)
-                for leaf in job.outs:
-                    leaf.ready.set()
+                for latch in _latches(job):
+                    latch.set()
             job.prepared.set()
             job.done.set()
             raise
@@ -137,18 +137,15 @@ class Executor:
                 err = self._describe(exe, [], e)
         self._store(job, None if err is not None else (result.outs, _layout(exe)[2]), err, inherited)
         if err is None:
-            latch = None
-            for leaf in job.outs:
-                if leaf.ready is not latch:  # one per job, as a rule
-                    latch = leaf.ready
-                    latch.set_at(result.end, hold_until)
+            for latch in _latches(job):
+                latch.set_at(result.end, hold_until)
             job.done.set_at(result.end, hold_until)
             with self._lock:
                 self._modelled_end = max(self._modelled_end, result.end)
             _record_modelled(exe, result)
         else:
-            for leaf in job.outs:
-                leaf.ready.set()
+            for latch in _latches(job):
+                latch.set()
             job.done.set()
         job.prepared.set()
         job.release.clear()
@@ -233,11 +230,8 @@ class Executor:
                 err = self._describe(exe, args, e)
         t2 = timeline.now()
         self._store(job, None if err is not None else (outs, sizes), err, inherited)
-        latch = None
-        for leaf in job.outs:
-            if leaf.ready is not latch:  # one per job, as a rule
-                latch = leaf.ready
-                latch.set()
+        for latch in _latches(job):
+            latch.set()
         if result is not None and result.modelled_s is not None:
             if result.measured_lane is not None:
                 timeline.record(result.measured_lane, exe.name, t1, t2, nodes=exe.n_nodes,
@@ -256,7 +250,7 @@ class Executor:
         freed now), or its error on every output, kept for the host unless an input's graph already
         reported it (``inherited``)."""
         if err is None:
-            buffers.put_outputs([leaf.bid for leaf in job.outs], *outs)
+            buffers.put_new([leaf.bid for leaf in job.outs], *outs)
             for leaf in job.outs:
                 leaf.fallback = None
             return
@@ -312,6 +306,16 @@ def _op_name(node: fx.Node, extra: str = "") -> str:
     site = node.meta.get("mn_site")
     where = f"; first traced at {describe_site(site)}" if site else ""
     return f"{node.target} (node {node.name}{extra}{where})"
+
+
+def _latches(job: Job) -> list[Latch]:
+    """The latches of ``job``'s outputs, each once (one per job, as a rule): a latch is set, or given its
+    modelled end, once, not once per output."""
+    latches: list[Latch] = []
+    for leaf in job.outs:
+        if not latches or leaf.ready is not latches[-1]:
+            latches.append(leaf.ready)
+    return latches
 
 
 def _layout(exe: Any) -> tuple[list, list, list[int]]:

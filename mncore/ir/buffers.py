@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from mncore.observe import metrics
 
@@ -23,23 +23,13 @@ def _nbytes(t: Any) -> int:
 
 
 def put(bid: int, tensor: Any) -> None:
-    put_all(((bid, tensor),))
+    put_new([bid], (tensor,), [_nbytes(tensor)])
 
 
-def put_all(entries: Iterable[tuple[int, Any]]) -> None:
-    """``put`` for many buffers under one lock: a job's outputs (hundreds for a training step)."""
-    with _lock:
-        for bid, tensor in entries:
-            n = _nbytes(tensor)
-            _table[bid] = tensor
-            _total[0] += n - _sizes.get(bid, 0)
-            _sizes[bid] = n
-
-
-def put_outputs(bids: list[int], tensors: Any, sizes: list[int]) -> None:
-    """``put_all`` for a job's outputs, whose buffer ids are new and whose sizes are known from their
-    traced metadata: three bulk dictionary updates instead of a loop in Python (a replayed training
-    step writes one output per parameter, gradient and optimizer buffer)."""
+def put_new(bids: list[int], tensors: Any, sizes: list[int]) -> None:
+    """New buffers (a new leaf's, a job's outputs) with their sizes, under one lock: bulk dictionary
+    updates, not a loop in Python (a replayed training step writes one output per parameter, gradient
+    and optimizer buffer; GPT-2 small's step, hundreds)."""
     with _lock:
         before = len(_table)
         _table.update(zip(bids, tensors))
