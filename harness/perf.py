@@ -585,12 +585,40 @@ def _apis(cell: dict) -> tuple[str, ...]:
     return PEERS if cell["kind"] == "peers" else APIS
 
 
-def _merge_compare(halves: list[list[PerfRow]], backend: Backend, apis: tuple[str, ...] = APIS) -> PerfRow:
-    """The parts of a compare or peers cell (one child per API, in ``apis`` order) as one row (the first
-    failure of a part that is not ``OPTIONAL`` decides its status)."""
+def _parts(cell: dict) -> list[tuple[str, int]]:
+    """The (API, round) of each child of a compare or peers cell, in the order they run: ``rounds``
+    rounds of one child per API, each round starting one API later than the one before, so that a slow
+    stretch of the machine or a drift over the cell's minutes falls on every API alike."""
+    apis = _apis(cell)
+    return [(apis[(r + k) % len(apis)], r) for r in range(int(cell.get("rounds", 1))) for k in range(len(apis))]
+
+
+def _median_round(api: str, rounds: list[PerfRow]) -> PerfRow:
+    """The child row that stands for ``api`` in a cell timed in several rounds: a round that failed or
+    measured nothing for it (the failure is what the row must say), else the round whose median step is
+    the median of the rounds' (the lower middle for an even count), with every round's median step in
+    ``round_step_ms``, in the order the rounds ran."""
+    steps = [getattr(r, api).step_ms for r in rounds]
+    for r, step in zip(rounds, steps):
+        if r.status != "ok" or step is None:
+            return r
+    chosen = rounds[sorted(range(len(rounds)), key=steps.__getitem__)[(len(rounds) - 1) // 2]]
+    if len(rounds) > 1:
+        getattr(chosen, api).round_step_ms = steps
+    return chosen
+
+
+def _merge_compare(children: list[list[PerfRow]], backend: Backend, parts: list[tuple[str, int]]) -> PerfRow:
+    """The children of a compare or peers cell (one per API and round, in ``parts`` order) as one row:
+    each API's figures from its median round (``_median_round``); the first failure of an API that is
+    not ``OPTIONAL`` decides the row's status."""
+    apis = list(dict.fromkeys(api for api, _ in parts))
+    by_api: dict[str, list[PerfRow]] = {api: [] for api in apis}
+    for (api, _), (child,) in sorted(zip(parts, children), key=lambda pc: pc[0][1]):
+        by_api[api].append(child)
     row: dict = {}
-    for api, (half,) in zip(apis, halves):
-        record = _optional_part(half, api).to_json()
+    for api in apis:
+        record = _optional_part(_median_round(api, by_api[api]), api).to_json()
         bad = record["status"] != "ok"
         keep = {k: v for k, v in record.items() if k not in ("status", "reason") or bad}
         if bad and row.get("status") not in (None, "ok"):
@@ -600,19 +628,25 @@ def _merge_compare(halves: list[list[PerfRow]], backend: Backend, apis: tuple[st
     row.setdefault("status", "ok")
     row.setdefault("reason", "")
     merged = PerfRow.from_json(row, where=f"{row['model']} on {backend.label}")
-    return merged if apis == PEERS else finish_compare(merged, backend)
+    return merged if tuple(apis) == PEERS else finish_compare(merged, backend)
 
 
 def _jobs(i: int, cell: dict, backend: Backend, out: Path) -> list[Job]:
-    """The child processes of a cell: one per API for a compare cell (the first big measurement in a
-    fresh process pays page faults a later one would not, which biased the ratio), else one."""
-    stem = f"{i:02d}_{cell['model']}_{backend.slug}"
-    halves = [({**cell, "apis": [api]}, f"{stem}_{api}", f" ({api})") for api in _apis(cell)] \
-        if cell["kind"] in ("compare", "peers") else [(cell, stem, "")]
+    """The child processes of a cell: for a compare or peers cell one per API and round (``_parts``; the
+    first big measurement in a fresh process pays page faults a later one would not, which biased the
+    ratio when the APIs shared one), else one."""
+    stem = f"{cell['model']}_{backend.slug}"
+    if cell["kind"] in ("compare", "peers"):
+        rounds = int(cell.get("rounds", 1))
+        children = [({**cell, "apis": [api]}, f"{i:02d}_{stem}_{api}" + (f"_r{r + 1}" if rounds > 1 else ""),
+                     f" ({api}" + (f", round {r + 1} of {rounds})" if rounds > 1 else ")"))
+                    for api, r in _parts(cell)]
+    else:
+        children = [(cell, f"{i:02d}_{stem}", "")]
     return [Job(f"{cell['model']} on {backend.label}{what}", "harness.perf",
                 ("--cell", json.dumps(c), "--artifacts", str(out), "--out", str(out / "cells" / f"{name}.json")),
                 out / "cells" / f"{name}.json", device=backend.device)
-            for c, name, what in halves]
+            for c, name, what in children]
 
 
 def run_cells(cells: list[dict], out: Path, timeout: int = 1200, desc: str = "report",
@@ -639,11 +673,12 @@ def run_cells(cells: list[dict], out: Path, timeout: int = 1200, desc: str = "re
             t0 = time.monotonic()
             halves = runner.run(jobs, lambda o: child_rows(o, cell, backend),
                                 status=lambda got: ", ".join(sorted({r.status for r in got})))
-            got = [_merge_compare(halves, backend, _apis(cell))] if cell["kind"] in ("compare", "peers") \
+            got = [_merge_compare(halves, backend, _parts(cell))] if cell["kind"] in ("compare", "peers") \
                 else halves[0]
             wall_s = round(time.monotonic() - t0, 1)
             for r in got:
                 r.cell_wall_s = wall_s
+                r.rounds = cell.get("rounds") if cell["kind"] in ("compare", "peers") else None
                 if r.status == "unavailable":
                     unavailable[backend.label] = r.reason
             rows += got

@@ -21,9 +21,13 @@ REPORTS = ("mlp-width", "async", "models")
 DEFAULT_OUT = ROOT / "reports" / "out"
 PUBLISHED = ROOT / "reports" / "published"
 WIDTHS = "64,128,256,512,1024,2048,4096"
-# Small enough that `harness report all` stays well under 15 minutes on a 2-core CPU (GPT-2 small steps
+# Small enough that `harness report all` stays under about 20 minutes on a 2-core CPU (GPT-2 small steps
 # take seconds there): MLP steps are milliseconds, so the sweep affords more of them for its spread.
 DEFAULT_STEPS = {"mlp-width": 20, "async": 5, "models": 5}
+# Rounds of one child per API (interleaved; each API's median round makes the row). An MLP cell's timed
+# steps last milliseconds, so one slow stretch of a noisy machine moved a whole API's figure: three rounds
+# cost the sweep its process starts three times. A GPT-2 small step lasts seconds: one round there.
+DEFAULT_ROUNDS = {"mlp-width": 3, "models": 1}
 DEFAULT_BACKENDS = {"mlp-width": ["pfvm:cpu", "mncore2:auto"], "async": ["pfvm:cpu", "mncore2:auto", "pfvm:cuda"],
                     "models": ["pfvm:cpu", "mncore2:auto"]}
 MODELS = ("resnet18", "gpt2_small")
@@ -39,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--widths", type=width_list, default=WIDTHS, help=f"MLP widths (default {WIDTHS})")
     p.add_argument("--steps", type=positive_int, help="timed steps per measurement (default: " +
                    ", ".join(f"{k} {v}" for k, v in DEFAULT_STEPS.items()) + ")")
+    p.add_argument("--rounds", type=positive_int,
+                   help="(mlp-width, models) time each API in N rounds of its own child process, interleaved, "
+                        "and keep its median round (default: " +
+                        ", ".join(f"{k} {v}" for k, v in DEFAULT_ROUNDS.items()) + ")")
     p.add_argument("--warmup", type=non_negative_int, default=3,
                    help="untimed steps first (compile, optimizer state, mncore.capture's 3 recordings); default 3")
     p.add_argument("--config", default="default", help="zoo config of the models (default; 'tiny' for smoke runs)")
@@ -67,6 +75,8 @@ def cells(name: str, args: argparse.Namespace) -> list[dict]:
     steps = args.steps or DEFAULT_STEPS[name]
     base = {"report": name, "config": args.config, "steps": steps, "warmup": args.warmup}
     out = []
+    if name in DEFAULT_ROUNDS:
+        base["rounds"] = args.rounds or DEFAULT_ROUNDS[name]
     for b in _backends(args, name):
         bb = {**base, "backend": b.device, "sim_mode": b.sim_mode}
         if name == "mlp-width":
@@ -108,6 +118,7 @@ def measure(name: str, args: argparse.Namespace, root: Path, where: cluster.Clus
                                       else f"{len(bad)} of {len(mine)} not ok")
         backends.append({"label": b.label, "device": b.device, "sim_mode": b.sim_mode, "state": state})
     meta.update(report=name, steps=todo[0]["steps"] if todo else None, warmup=args.warmup, config=args.config,
+                rounds=todo[0].get("rounds") if todo else None,
                 execution="sync, async_naive, async (one row each)" if name == "async" else "async",
                 backends=backends, wall_s=round(time.monotonic() - t0, 1), cluster=args.cluster.label,
                 command="harness " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["report"]

@@ -94,6 +94,9 @@ class Measurement:
     retraces in the window; a warm-up under 3 steps leaves recordings in)."""
     capture_warning: str | None = None
     """Captured lazy only: the ``CaptureWarning`` of a step capture refused to replay (it kept tracing)."""
+    round_step_ms: list[float] | None = None
+    """Cells timed in several rounds (``harness report --rounds``): each round's median step, in the order
+    the rounds ran; the other figures are those of the median round."""
 
     @classmethod
     def pick(cls, figures: dict[str, Any]) -> Measurement:
@@ -341,6 +344,9 @@ class PerfRow(Row):
     """The failing measurement's traceback (tail), on ``error`` rows."""
     cell_wall_s: float | None = None
     """Wall time of the cell's child processes (set by the parent)."""
+    rounds: int | None = None
+    """Compare and peers rows: rounds of one child process per API, interleaved (``harness report --rounds``);
+    each API's figures are from its median round."""
     window: Measurement = field(default_factory=Measurement)
     """Written unprefixed: a modes row's lazy run; on compare rows the lazy step's trace and device time."""
     context: Measurement = field(default_factory=Measurement)

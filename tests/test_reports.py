@@ -252,9 +252,61 @@ def test_a_captured_child_that_dies_leaves_the_cell_ok():
     cell = {"report": "mlp-width", "model": "mlp_w64", "config": "default", "steps": 3, "warmup": 3}
     backend = perf.Backend("pfvm:cpu")
     died = perf._stub_row(cell, backend, "timeout", "no result after 3s")
-    row = perf._merge_compare([[context], [lazy], [died]], backend)
+    row = perf._merge_compare([[context], [lazy], [died]], backend, perf._parts({"kind": "compare"}))
     assert row.status == "ok" and row.captured_error == "lazy_captured: timeout: no result after 3s"
     assert row.ratio == 2.0 and row.captured_ratio is None  # exact: 4.0 / 2.0
+
+
+def _child(api: str, step_ms: float, status: str = "ok") -> PerfRow:
+    """One child's row of a compare cell: only ``api`` measured, its median step ``step_ms``."""
+    row = PerfRow.from_json({**_compare_row("mlp-width", "mlp_w64", "pfvm:cpu", 1.0, 1.0, 0.5, 0.2, width=64,
+                                            captured_ms=1.0), "status": status}, api)
+    for other in perf.APIS:
+        setattr(row, other, Measurement(step_ms=step_ms, step_ms_min=step_ms) if other == api else Measurement())
+    return row
+
+
+def test_rounds_interleave_the_apis_and_rotate_which_goes_first(tmp_path):
+    """Three rounds of a compare cell: nine children, each API once per round, each round starting one API
+    later, so no API is always timed first (after a process start) or last (after the machine warmed)."""
+    cell = {"report": "mlp-width", "kind": "compare", "model": "mlp_w64", "config": "tiny", "backend": "pfvm:cpu",
+            "sim_mode": None, "steps": 3, "warmup": 3, "rounds": 3}
+    parts = perf._parts(cell)
+    assert parts == [("context", 0), ("lazy", 0), ("lazy_captured", 0), ("lazy", 1), ("lazy_captured", 1),
+                     ("context", 1), ("lazy_captured", 2), ("context", 2), ("lazy", 2)]
+    jobs = perf._jobs(0, cell, perf.Backend("pfvm:cpu"), tmp_path)
+    assert [json.loads(j.args[1])["apis"] for j in jobs] == [[api] for api, _ in parts]
+    assert len({j.result for j in jobs}) == 9 and jobs[3].label == "mlp_w64 on pfvm:cpu (lazy, round 2 of 3)"
+    assert perf._parts({**cell, "rounds": 1}) == [("context", 0), ("lazy", 0), ("lazy_captured", 0)]
+
+
+def test_rounds_merge_keeps_each_apis_median_round_and_every_rounds_step():
+    """Each API's figures come from its median round (a round slowed by the machine is left out), the
+    ratios from those medians, and ``round_step_ms`` lists each round's step in the order they ran."""
+    cell = {"kind": "compare", "rounds": 3}
+    steps = {"context": [2.0, 9.0, 2.2], "lazy": [8.0, 8.4, 30.0], "lazy_captured": [2.4, 2.3, 2.6]}
+    seen = {api: iter(v) for api, v in steps.items()}
+    children = [[_child(api, next(seen[api]))] for api, _ in perf._parts(cell)]
+    row = perf._merge_compare(children, perf.Backend("pfvm:cpu"), perf._parts(cell))
+    assert row.status == "ok"
+    assert (row.context.step_ms, row.lazy.step_ms, row.lazy_captured.step_ms) == (2.2, 8.4, 2.4)
+    assert row.context.round_step_ms == steps["context"] and row.lazy.round_step_ms == steps["lazy"]
+    assert row.ratio == pytest.approx(8.4 / 2.2) and row.captured_ratio == pytest.approx(2.4 / 2.2)
+
+
+def test_a_round_that_fails_makes_the_row_say_so():
+    """A failed round of lazy mode is not outvoted by the rounds that worked: the row is an error naming it;
+    a failed round of captured lazy mode is said in ``captured_error`` and the other figures stay."""
+    cell = {"kind": "compare", "rounds": 2}
+    backend = perf.Backend("pfvm:cpu")
+    stub = {"report": "mlp-width", "model": "mlp_w64", "config": "default", "steps": 3, "warmup": 3}
+    for broken, check in (("lazy", lambda r: r.status == "timeout" and "no result" in r.reason),
+                          ("lazy_captured", lambda r: r.status == "ok" and r.ratio == pytest.approx(4.0)
+                           and r.captured_error == "lazy_captured: timeout: no result after 3s")):
+        children = [[perf._stub_row(stub, backend, "timeout", "no result after 3s") if (api, r) == (broken, 1)
+                     else _child(api, {"context": 2.0, "lazy": 8.0, "lazy_captured": 2.2}[api])]
+                    for api, r in perf._parts(cell)]
+        assert check(perf._merge_compare(children, backend, perf._parts(cell))), broken
 
 
 def test_peers_row_times_the_eager_step_and_keeps_it_when_torch_compile_fails(monkeypatch):
@@ -319,7 +371,7 @@ def test_simulated_board_rows_say_modelled(tmp_path, monkeypatch):
 def test_cli_measures_in_child_processes(tmp_path):
     """The real path: one child per cell, results files first, then the report."""
     assert cli.main(["report", "mlp-width", "--widths", "64", "--steps", "2", "--warmup", "1", "--config", "tiny",
-                     "--backend", "pfvm:cpu,pfvm:tpu", "--out", str(tmp_path)]) == 0
+                     "--backend", "pfvm:cpu,pfvm:tpu", "--rounds", "1", "--out", str(tmp_path)]) == 0
     meta, df = load(tmp_path / "mlp-width")
     assert set(df["status"]) == {"ok", "unavailable"} and meta["steps"] == 2 and meta["commit"]
     assert (tmp_path / "mlp-width" / "mlp_width_ratio.png").exists()
@@ -329,6 +381,20 @@ def test_cli_measures_in_child_processes(tmp_path):
     assert peer["status"] == "ok" and peer["eager_step_ms"] > 0
     assert peer["compile_step_ms"] > 0 or isinstance(peer.get("compile_error"), str)
     assert "Peers: eager PyTorch and torch.compile" in (tmp_path / "mlp-width" / "report.md").read_text()
+
+
+def test_cli_rounds_run_each_api_in_each_round_and_keep_the_median(tmp_path):
+    """``--rounds 2``: each API's child runs twice; the row keeps both rounds' median steps, and its own
+    figures are one of them (the lower, for two rounds)."""
+    assert cli.main(["report", "mlp-width", "--widths", "64", "--steps", "3", "--warmup", "1", "--config", "tiny",
+                     "--backend", "pfvm:cpu", "--rounds", "2", "--no-peers", "--out", str(tmp_path)]) == 0
+    meta, df = load(tmp_path / "mlp-width")
+    assert meta["rounds"] == 2 and len(list((tmp_path / "mlp-width" / "cells").glob("*_r[12].json"))) == 6
+    (row,) = df.to_dict("records")
+    assert row["status"] == "ok" and row["rounds"] == 2
+    for api in perf.APIS:
+        rounds = row[f"{api}_round_step_ms"]
+        assert len(rounds) == 2 and row[f"{api}_step_ms"] == min(rounds), api
 
 
 def test_results_with_undeclared_or_missing_fields_fail_naming_the_file(tmp_path):
