@@ -23,7 +23,12 @@ def _nbytes(t: Any) -> int:
 
 
 def put(bid: int, tensor: Any) -> None:
-    put_new([bid], (tensor,), [_nbytes(tensor)])
+    """One buffer (an upload's, a host value's): ``put_new`` without building its lists."""
+    size = _nbytes(tensor)
+    with _lock:
+        _total[0] += size - _sizes.get(bid, 0)
+        _table[bid] = tensor
+        _sizes[bid] = size
 
 
 def put_new(bids: list[int], tensors: Any, sizes: list[int]) -> None:

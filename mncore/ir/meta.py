@@ -14,5 +14,10 @@ class TensorMeta(NamedTuple):
     dtype: torch.dtype
 
 
+_tuple_new = tuple.__new__
+
+
 def meta_of(t: torch.Tensor) -> TensorMeta:
-    return TensorMeta(tuple(t.shape), tuple(t.stride()), t.dtype)
+    """``TensorMeta`` of ``t``, built as the tuple it is (the NamedTuple constructor is a Python call;
+    this runs for every upload and every traced op's result)."""
+    return _tuple_new(TensorMeta, (tuple(t.shape), tuple(t.stride()), t.dtype))

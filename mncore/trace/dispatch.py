@@ -295,6 +295,12 @@ def upload_kernel(src: torch.Tensor, *, dtype: Any = None, layout: Any = None, d
         out = torch.empty_like(src, dtype=dtype, device=DEVICE_NAME,
                                memory_format=memory_format or torch.preserve_format)
         return out.copy_(src)
+    return upload_dense(src)
+
+
+def upload_dense(src: torch.Tensor) -> LazyTensor:
+    """The upload itself, for a strided host tensor whose layout a copy keeps (dense), with no conversion:
+    what ``upload_kernel`` checked, or ``tensor.mncore()`` with no arguments (its own checks)."""
     t0 = perf_counter()
     try:
         with tracer.lock:

@@ -61,7 +61,7 @@ def upload(tensor: torch.Tensor) -> Data:
     require_init()
     if tensor.layout != torch.strided:
         raise layout_error(tensor.layout, f"a host tensor of shape {list(tensor.shape)}")
-    nbytes = tensor.numel() * tensor.element_size()
+    nbytes = tensor.nbytes
     registry.active().check_upload(nbytes, tensor.shape, tensor.dtype)
     dev = settings.exec_device
     src = tensor.detach() if tensor.requires_grad else tensor  # a clone of it records no autograd history

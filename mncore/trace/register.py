@@ -6,7 +6,7 @@ from typing import Any
 import torch
 
 from mncore.trace import autocast, device_module
-from mncore.trace.dispatch import factory, upload_kernel
+from mncore.trace.dispatch import factory, upload_dense, upload_kernel
 from mncore.trace.tensor import DEVICE_NAME, LazyTensor
 
 aten = torch.ops.aten
@@ -133,19 +133,21 @@ def _no_pinning_for_mncore() -> None:
 
 
 def _direct_upload_method() -> None:
-    """``tensor.mncore()``, the seed programs' way to upload a batch: a plain host tensor that autograd
-    does not track (and no torch function or dispatch mode watching) goes straight to the upload kernel.
-    The generic method builds a device object and goes through ``Tensor.to`` and the C++ dispatcher
-    back into Python, about half the cost of a small upload; everything else still takes that route."""
+    """``tensor.mncore()``, the seed programs' way to upload a batch: a plain, contiguous host tensor that
+    autograd does not track (and no torch function or dispatch mode watching) goes straight to the upload
+    (``upload_dense``: the upload kernel's own checks are the ones made here). The generic method builds a
+    device object and goes through ``Tensor.to`` and the C++ dispatcher back into Python, about half the
+    cost of a small upload; everything else still takes that route."""
     generic = torch.Tensor.mncore
     if getattr(generic, "mn_direct", False):
         return
 
     def mncore(self: torch.Tensor, device: Any = None, non_blocking: bool = False, **kwargs: Any) -> torch.Tensor:
-        if (device is None and not kwargs and type(self) is torch.Tensor and self.device.type == "cpu"
+        if (device is None and not kwargs and type(self) is torch.Tensor and self.is_cpu
+                and self.layout == torch.strided and self.is_contiguous()
                 and not (self.requires_grad and torch.is_grad_enabled())
                 and not torch._C._is_torch_function_mode_enabled() and torch._C._len_torch_dispatch_stack() == 0):
-            return upload_kernel(self)
+            return upload_dense(self)
         return generic(self, device, non_blocking, **kwargs)
 
     mncore.mn_direct = True  # type: ignore[attr-defined]
