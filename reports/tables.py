@@ -240,6 +240,28 @@ def _pipeline(r: pd.Series) -> tuple[float, float, float]:
     return float(r["trace_ms"]), float(r["device_ms"]), float(r["step_ms"])
 
 
+def round_ratios(r: pd.Series, api: str) -> list[float]:
+    """``api``'s step over the Context step, round by round (rounds ran interleaved, so round i of each
+    API ran close in time); empty for a row timed in one round."""
+    mine, context = r.get(f"{api}_round_step_ms"), r.get("context_round_step_ms")
+    if not isinstance(mine, list) or not isinstance(context, list) or len(mine) != len(context) or len(mine) < 2:
+        return []
+    return [a / b for a, b in zip(mine, context) if b]
+
+
+def _straddles(ratios: list[float], limit: float) -> bool:
+    return bool(ratios) and min(ratios) <= limit < max(ratios)
+
+
+def _rounds_note(ratios: list[float], limit: float, where: str = "") -> str:
+    """Said next to a verdict whose rounds fall on both sides of its limit: one round alone could have
+    given the other verdict, so it rests on the median, not on a clear margin."""
+    if not _straddles(ratios, limit):
+        return ""
+    return (f"rounds{where} {min(ratios):.2f}–{max(ratios):.2f} fall on both sides of the limit: "
+            "the verdict is the median's, not a clear margin")
+
+
 def _mlp_targets(good: pd.DataFrame, peers: pd.DataFrame) -> list[Target]:
     """Lazy/Context at the two stated widths and backends, captured/Context at its worst width, and the
     captured step at w=64 on pfvm:cpu against eager PyTorch's (the peers row of the same run)."""
@@ -250,15 +272,19 @@ def _mlp_targets(good: pd.DataFrame, peers: pd.DataFrame) -> list[Target]:
         v = float(hit.iloc[0]["ratio"]) if len(hit) and not pd.isna(hit.iloc[0].get("ratio")) else None
         if v is not None or b == TARGET_BACKEND:
             out.append(Target("mlp-width", b, f"lazy/Context at w={width}", f"≤ {limit}",
-                              num(v) if v is not None else "–", None if v is None else v <= limit))
+                              num(v) if v is not None else "–", None if v is None else v <= limit,
+                              _rounds_note(round_ratios(hit.iloc[0], "lazy"), limit) if v is not None else ""))
     for b in CAPTURE_BACKENDS:
         sub = good[good["backend"] == b] if b in ran and "captured_ratio" in good else good.iloc[:0]
         sub = sub[sub["captured_ratio"].notna()] if len(sub) else sub
         if len(sub):
             worst = sub.loc[sub["captured_ratio"].idxmax()]
             v = float(worst["captured_ratio"])
+            notes = [_rounds_note(rs, MLP_CAPTURE_TARGET, f" at w={int(r['width'])}") for _, r in sub.iterrows()
+                     if _straddles(rs := round_ratios(r, "lazy_captured"), MLP_CAPTURE_TARGET)]
             out.append(Target("mlp-width", b, "captured/Context at every width", f"≤ {MLP_CAPTURE_TARGET:.2f}",
-                              f"{v:.3f} (worst: w={int(worst['width'])} of {len(sub)})", v <= MLP_CAPTURE_TARGET))
+                              f"{v:.3f} (worst: w={int(worst['width'])} of {len(sub)})", v <= MLP_CAPTURE_TARGET,
+                              "; ".join(notes)))
     mine = good[(good["backend"] == TARGET_BACKEND) & (good["width"] == 64)] if len(good) else good
     eager = peers[peers["width"] == 64] if len(peers) and "eager_step_ms" in peers else peers.iloc[:0]
     if len(mine) and len(eager) and not pd.isna(mine.iloc[0].get("lazy_captured_step_ms")):

@@ -620,3 +620,23 @@ def test_targets_are_the_stated_ones_per_backend_with_the_worst_width_and_eager_
     got = {(t.backend, t.what): t.verdict for t in tables.targets("models", pd.DataFrame(models))}
     assert got == {(mn, "gpt2_small captured/Context"): "met", (mn, "resnet18 captured/Context"): "NOT met",
                    (mn, "gpt2_small host time per captured step"): "met"}
+
+
+def test_a_verdict_whose_rounds_straddle_its_limit_says_so():
+    """Rows timed in rounds: a target whose rounds' ratios (round i over the Context step of round i) fall
+    on both sides of its limit keeps the median's verdict and says that one round would have flipped it;
+    rounds clear of the limit, or a row timed once, add nothing."""
+    mn = tables.MNCORE2
+    straddling = _compare_row("mlp-width", "mlp_w64", mn, 1.0, 3.5, 2.0, 0.1, width=64, captured_ms=1.08)
+    straddling.update(context_round_step_ms=[1.0, 1.0, 1.0], lazy_round_step_ms=[3.4, 3.5, 3.6],
+                      lazy_captured_round_step_ms=[1.05, 1.08, 1.2])
+    clear = _compare_row("mlp-width", "mlp_w4096", mn, 400.0, 400.0, 4.0, 400.0, width=4096, captured_ms=400.0)
+    clear.update(context_round_step_ms=[400.0, 410.0], lazy_captured_round_step_ms=[400.0, 410.0])
+    once = _compare_row("mlp-width", "mlp_w64", "pfvm:cpu", 1.0, 2.9, 2.0, 0.8, width=64, captured_ms=1.05)
+    got = {(t.backend, t.what): t for t in tables.targets("mlp-width", pd.DataFrame([straddling, clear, once]))}
+    captured = got[(mn, "captured/Context at every width")]
+    assert captured.verdict == "met" and captured.note == (
+        "rounds at w=64 1.05–1.20 fall on both sides of the limit: the verdict is the median's, not a clear margin")
+    assert got[(mn, "lazy/Context at w=64")].note == ""  # 3.4–3.6, all under 4.0
+    assert got[(mn, "lazy/Context at w=4096")].note == "" and got[("pfvm:cpu", "lazy/Context at w=64")].note == ""
+    assert tables.round_ratios(pd.Series(clear), "lazy_captured") == [1.0, 1.0]
