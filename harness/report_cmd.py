@@ -117,8 +117,9 @@ def measure(name: str, args: argparse.Namespace, root: Path, where: cluster.Clus
         state = "ok" if not bad else (bad[0].reason if all(r.status == "unavailable" for r in mine)
                                       else f"{len(bad)} of {len(mine)} not ok")
         backends.append({"label": b.label, "device": b.device, "sim_mode": b.sim_mode, "state": state})
+    if todo and "rounds" in todo[0]:
+        meta["rounds"] = todo[0]["rounds"]
     meta.update(report=name, steps=todo[0]["steps"] if todo else None, warmup=args.warmup, config=args.config,
-                rounds=todo[0].get("rounds") if todo else None,
                 execution="sync, async_naive, async (one row each)" if name == "async" else "async",
                 backends=backends, wall_s=round(time.monotonic() - t0, 1), cluster=args.cluster.label,
                 command="harness " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["report"]

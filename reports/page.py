@@ -140,7 +140,7 @@ def provenance(meta: dict, df: pd.DataFrame) -> pd.DataFrame:
         ("backends", "; ".join(states) or "?"), ("times", "; ".join(kinds) or "?"),
         ("timed steps (after warm-up steps)", f"{meta.get('steps', '?')} (after {meta.get('warmup', '?')})"),
         *([("rounds", f"{meta['rounds']}: each API timed in that many child processes, interleaved with the "
-                      "other APIs'; its median round makes the row")] if meta.get("rounds", 1) > 1 else []),
+                      "other APIs'; its median round makes the row")] if (meta.get("rounds") or 1) > 1 else []),
         ("execution mode", meta.get("execution", "per row")), ("config", meta.get("config", "?")),
         ("command", f"`{meta.get('command', '?')}`"), ("wall time", f"{meta.get('wall_s', '?')} s"),
     ]

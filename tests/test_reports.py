@@ -640,3 +640,15 @@ def test_a_verdict_whose_rounds_straddle_its_limit_says_so():
     assert got[(mn, "lazy/Context at w=64")].note == ""  # 3.4–3.6, all under 4.0
     assert got[(mn, "lazy/Context at w=4096")].note == "" and got[("pfvm:cpu", "lazy/Context at w=64")].note == ""
     assert tables.round_ratios(pd.Series(clear), "lazy_captured") == [1.0, 1.0]
+
+
+def test_provenance_states_rounds_only_where_there_were_several():
+    """A report timed in rounds says how many; one timed once, or a results file without the field (the
+    async report, an earlier run), or one where it was written empty, renders without it."""
+    df = pd.DataFrame([_compare_row("mlp-width", "mlp_w64", "pfvm:cpu", 1.0, 2.0, 1.0, 0.5, width=64)])
+    for meta, shown in (({**META, "rounds": 3}, True), (META, False), ({**META, "rounds": None}, False),
+                        ({**META, "rounds": 1}, False)):
+        rows = dict(page.provenance(meta, df).values.tolist())
+        assert ("rounds" in rows) is shown, meta.get("rounds")
+        if shown:
+            assert rows["rounds"].startswith("3: each API timed in that many child processes")
