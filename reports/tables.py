@@ -253,13 +253,13 @@ def _straddles(ratios: list[float], limit: float) -> bool:
     return bool(ratios) and min(ratios) <= limit < max(ratios)
 
 
-def _rounds_note(ratios: list[float], limit: float, where: str = "") -> str:
-    """Said next to a verdict whose rounds fall on both sides of its limit: one round alone could have
-    given the other verdict, so it rests on the median, not on a clear margin."""
-    if not _straddles(ratios, limit):
+def _rounds_note(ratios: dict[str, list[float]], limit: float) -> str:
+    """Said next to a verdict whose rounds (``ratios``: per row, by what names it) fall on both sides of its
+    limit: one round alone could have given the other verdict, so it rests on the median, not a clear margin."""
+    parts = [f"{where}{min(rs):.2f}–{max(rs):.2f}" for where, rs in ratios.items() if _straddles(rs, limit)]
+    if not parts:
         return ""
-    return (f"rounds{where} {min(ratios):.2f}–{max(ratios):.2f} fall on both sides of the limit: "
-            "the verdict is the median's, not a clear margin")
+    return f"rounds {', '.join(parts)} fall on both sides of the limit: the verdict is the median's, not a clear margin"
 
 
 def _mlp_targets(good: pd.DataFrame, peers: pd.DataFrame) -> list[Target]:
@@ -273,18 +273,17 @@ def _mlp_targets(good: pd.DataFrame, peers: pd.DataFrame) -> list[Target]:
         if v is not None or b == TARGET_BACKEND:
             out.append(Target("mlp-width", b, f"lazy/Context at w={width}", f"≤ {limit}",
                               num(v) if v is not None else "–", None if v is None else v <= limit,
-                              _rounds_note(round_ratios(hit.iloc[0], "lazy"), limit) if v is not None else ""))
+                              _rounds_note({"": round_ratios(hit.iloc[0], "lazy")}, limit) if v is not None else ""))
     for b in CAPTURE_BACKENDS:
         sub = good[good["backend"] == b] if b in ran and "captured_ratio" in good else good.iloc[:0]
         sub = sub[sub["captured_ratio"].notna()] if len(sub) else sub
         if len(sub):
             worst = sub.loc[sub["captured_ratio"].idxmax()]
             v = float(worst["captured_ratio"])
-            notes = [_rounds_note(rs, MLP_CAPTURE_TARGET, f" at w={int(r['width'])}") for _, r in sub.iterrows()
-                     if _straddles(rs := round_ratios(r, "lazy_captured"), MLP_CAPTURE_TARGET)]
+            rounds = {f"at w={int(r['width'])} ": round_ratios(r, "lazy_captured") for _, r in sub.iterrows()}
             out.append(Target("mlp-width", b, "captured/Context at every width", f"≤ {MLP_CAPTURE_TARGET:.2f}",
                               f"{v:.3f} (worst: w={int(worst['width'])} of {len(sub)})", v <= MLP_CAPTURE_TARGET,
-                              "; ".join(notes)))
+                              _rounds_note(rounds, MLP_CAPTURE_TARGET)))
     mine = good[(good["backend"] == TARGET_BACKEND) & (good["width"] == 64)] if len(good) else good
     eager = peers[peers["width"] == 64] if len(peers) and "eager_step_ms" in peers else peers.iloc[:0]
     if len(mine) and len(eager) and not pd.isna(mine.iloc[0].get("lazy_captured_step_ms")):

@@ -637,6 +637,10 @@ def test_a_verdict_whose_rounds_straddle_its_limit_says_so():
     captured = got[(mn, "captured/Context at every width")]
     assert captured.verdict == "met" and captured.note == (
         "rounds at w=64 1.05–1.20 fall on both sides of the limit: the verdict is the median's, not a clear margin")
+    wider = {**clear, "context_round_step_ms": [400.0, 400.0], "lazy_captured_round_step_ms": [380.0, 460.0]}
+    got = {(t.backend, t.what): t for t in tables.targets("mlp-width", pd.DataFrame([straddling, wider]))}
+    assert got[(mn, "captured/Context at every width")].note.startswith(
+        "rounds at w=64 1.05–1.20, at w=4096 0.95–1.15 fall on both sides")
     assert got[(mn, "lazy/Context at w=64")].note == ""  # 3.4–3.6, all under 4.0
     assert got[(mn, "lazy/Context at w=4096")].note == "" and got[("pfvm:cpu", "lazy/Context at w=64")].note == ""
     assert tables.round_ratios(pd.Series(clear), "lazy_captured") == [1.0, 1.0]
