@@ -602,7 +602,7 @@ def _median_round(api: str, rounds: list[PerfRow]) -> PerfRow:
     for r, step in zip(rounds, steps):
         if r.status != "ok" or step is None:
             return r
-    chosen = rounds[sorted(range(len(rounds)), key=steps.__getitem__)[(len(rounds) - 1) // 2]]
+    chosen = rounds[steps.index(statistics.median_low(steps))]
     if len(rounds) > 1:
         getattr(chosen, api).round_step_ms = steps
     return chosen
@@ -678,7 +678,7 @@ def run_cells(cells: list[dict], out: Path, timeout: int = 1200, desc: str = "re
             wall_s = round(time.monotonic() - t0, 1)
             for r in got:
                 r.cell_wall_s = wall_s
-                r.rounds = cell.get("rounds") if cell["kind"] in ("compare", "peers") else None
+                r.rounds = cell.get("rounds")  # set on compare and peers cells only
                 if r.status == "unavailable":
                     unavailable[backend.label] = r.reason
             rows += got
