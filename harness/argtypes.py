@@ -28,6 +28,23 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    """A number of seconds > 0 (``harness fuzz --case-timeout``: 0 would call every case a hang)."""
+    value = _float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number (use more than 0)")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A number of seconds >= 0 (``harness fuzz --seconds``; ``--shrink-seconds``, where 0 keeps each
+    finding unshrunk)."""
+    value = _float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative (use 0 or more)")
+    return value
+
+
 def width_list(text: str) -> list[int]:
     """Comma-separated positive integers (``--widths 64,128``)."""
     items = [w.strip() for w in text.split(",") if w.strip()]
@@ -49,6 +66,16 @@ def _int(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

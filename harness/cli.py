@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from harness import cluster
-from harness.argtypes import USAGE_ERROR, HelpFormatter, command, positive_int
+from harness.argtypes import USAGE_ERROR, HelpFormatter, command, non_negative_int, positive_int
 
 
 def _version() -> str:
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--jobs", type=positive_int, default=1, help="models recorded in parallel (own process each)")
     rr.add_argument("--timeout", type=positive_int, default=1800, help="seconds per model")
     rr.add_argument("--no-lazy", action="store_true", help="record eager CPU only")
-    rr.add_argument("--max-batch", type=int, default=2,
+    rr.add_argument("--max-batch", type=non_negative_int, default=2,
                     help="cap the batch size of non-tiny configs (every op and non-batch dim is unchanged; "
                          "0 = the spec's own batch size)")
     cluster.add_argument(rr)
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "show":
             p.add_argument("--op", help="e.g. aten.addmm or aten.addmm.default")
             p.add_argument("--model", help="zoo model name (optionally name:config)")
-            p.add_argument("--limit", type=int, default=50, help="rows shown at most")
+            p.add_argument("--limit", type=positive_int, default=50, help="rows shown at most")
     from harness import report_cmd
 
     report_cmd.add_arguments(command(sub, "report", "performance reports (MLP width sweep, async modes, models)",

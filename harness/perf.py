@@ -652,11 +652,13 @@ def _jobs(i: int, cell: dict, backend: Backend, out: Path) -> list[Job]:
 def run_cells(cells: list[dict], out: Path, timeout: int = 1200, desc: str = "report",
               cluster: Cluster | None = None) -> list[PerfRow]:
     """Run each cell in child processes (``python -m harness.perf``, on ``cluster``: default here); every
-    cell yields rows, even on a crash or a lost node."""
+    cell yields rows, even on a crash or a lost node. The first cell of each backend runs its first child
+    alone: a backend that does not initialise then costs one child, not one per API and round."""
     planned = [(cell, Backend(cell["backend"], cell.get("sim_mode"))) for cell in cells]
     planned_jobs = [_jobs(i, cell, backend, out) for i, (cell, backend) in enumerate(planned)]
     rows: list[PerfRow] = []
     unavailable: dict[str, str] = {}
+    tried: set[str] = set()
 
     def child_rows(o: Outcome, cell: dict, backend: Backend) -> list[PerfRow]:
         if o.kind == "result":
@@ -671,10 +673,18 @@ def run_cells(cells: list[dict], out: Path, timeout: int = 1200, desc: str = "re
                     runner.skip(f"{job.label}: unavailable")
                 continue
             t0 = time.monotonic()
-            halves = runner.run(jobs, lambda o: child_rows(o, cell, backend),
-                                status=lambda got: ", ".join(sorted({r.status for r in got})))
-            got = [_merge_compare(halves, backend, _parts(cell))] if cell["kind"] in ("compare", "peers") \
-                else halves[0]
+            run = functools.partial(runner.run, finish=lambda o: child_rows(o, cell, backend),
+                                    status=lambda got: ", ".join(sorted({r.status for r in got})))
+            halves = run(jobs[:1]) if backend.label not in tried and len(jobs) > 1 else []
+            tried.add(backend.label)
+            if halves and halves[0][0].status == "unavailable":  # the backend did not initialise
+                got = halves[0]
+                for job in jobs[1:]:
+                    runner.skip(f"{job.label}: unavailable")
+            else:
+                halves += run(jobs[len(halves):])
+                got = [_merge_compare(halves, backend, _parts(cell))] if cell["kind"] in ("compare", "peers") \
+                    else halves[0]
             wall_s = round(time.monotonic() - t0, 1)
             for r in got:
                 r.cell_wall_s = wall_s

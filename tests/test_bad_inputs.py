@@ -29,6 +29,12 @@ def _run(argv: list[str], capsys) -> tuple[int, str]:
     (["run", "--tier", "models", "--backend", "pfvm:tpu"], "--backend: unknown device 'pfvm:tpu'"),
     (["report", "mlp-width", "--widths", "abc"], "argument --widths: 'abc' is not an integer"),
     (["report", "mlp-width", "--widths", "64,0"], "argument --widths: '0' is not a positive integer"),
+    (["fuzz", "--seconds", "-5"], "argument --seconds: '-5' is negative"),
+    (["fuzz", "--seconds", "nan"], "argument --seconds: 'nan' is not a finite number"),
+    (["fuzz", "--case-timeout", "0"], "argument --case-timeout: '0' is not a positive number"),
+    (["fuzz", "--shrink-seconds", "soon"], "argument --shrink-seconds: 'soon' is not a number"),
+    (["fuzz", "--cases", "-1"], "argument --cases: '-1' is negative"),
+    (["fuzz", "--max-numel", "0"], "argument --max-numel: '0' is not a positive integer"),
 ])
 def test_bad_option_is_one_line_and_exit_2(argv, needle, tmp_path, capsys):
     out = tmp_path / "out"

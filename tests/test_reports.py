@@ -375,6 +375,9 @@ def test_cli_measures_in_child_processes(tmp_path):
     meta, df = load(tmp_path / "mlp-width")
     assert set(df["status"]) == {"ok", "unavailable"} and meta["steps"] == 2 and meta["commit"]
     assert (tmp_path / "mlp-width" / "mlp_width_ratio.png").exists()
+    # a backend that does not initialise costs one child, not one per API
+    assert len(list((tmp_path / "mlp-width" / "cells").glob("*_pfvm_tpu_*.json"))) == 1
+    assert len(list((tmp_path / "mlp-width" / "cells").glob("*_pfvm_cpu_*.json"))) == len(perf.APIS)
     # the peers cell (once per model, whatever the backends): eager measured; torch.compile measured unless
     # this machine cannot compile (then the row says why)
     (peer,) = df[df["backend"] == PEER_BACKEND].to_dict("records")

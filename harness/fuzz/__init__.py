@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from harness import cluster
-from harness.argtypes import directory, positive_int
+from harness.argtypes import directory, non_negative_float, non_negative_int, positive_float, positive_int
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "fuzz"  # each campaign: DEFAULT_ROOT/<timestamp>/
 BASELINE = DEFAULT_ROOT.parent / "ci" / "fuzz_baseline.json"  # known findings (harness.fuzz.baseline)
@@ -19,9 +19,9 @@ BASELINE = DEFAULT_ROOT.parent / "ci" / "fuzz_baseline.json"  # known findings (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``harness fuzz`` options."""
-    p.add_argument("--seconds", type=float, default=60.0, help="fuzzing time budget (default 60)")
+    p.add_argument("--seconds", type=non_negative_float, default=60.0, help="fuzzing time budget (default 60)")
     p.add_argument("--seed", type=int, default=0, help="campaign seed: the same seed and --cases give the same cases")
-    p.add_argument("--cases", type=int, default=None, help="case budget (stop after N cases even if time is left)")
+    p.add_argument("--cases", type=non_negative_int, default=None, help="case budget (stop after N cases even if time is left)")
     p.add_argument("--ops", default=None,
                    help="op names to fuzz: comma-separated globs (aten.add*) or regexes (^aten\\.(mul|add)\\.Tensor$)")
     p.add_argument("--backend", default="pfvm:cpu", help="mncore device string (default pfvm:cpu)")
@@ -34,10 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugin", default=None,
                    help="Python module (or .py file) imported in the worker before any case, e.g. one that "
                         "registers a lowering with mncore.register_lowering; recorded in repros")
-    p.add_argument("--case-timeout", type=float, default=20.0,
+    p.add_argument("--case-timeout", type=positive_float, default=20.0,
                    help="seconds before a case counts as a hang (plus 20x its eager time)")
-    p.add_argument("--shrink-seconds", type=float, default=20.0, help="shrinking budget per distinct finding")
-    p.add_argument("--max-numel", type=int, default=1 << 16,
+    p.add_argument("--shrink-seconds", type=non_negative_float, default=20.0, help="shrinking budget per distinct finding")
+    p.add_argument("--max-numel", type=positive_int, default=1 << 16,
                    help="prefer registry rows with at most this many input elements and keep mutations under it")
     p.add_argument("--registry", type=Path, default=None, help="shape registry file (default: the checked-in one)")
     cluster.add_argument(p)

@@ -79,7 +79,7 @@ class Captured:
         leaves: list = []
         spec = _flatten((args, kwargs), leaves)
         roots = self.world.roots(self.fn, leaves)
-        key = (registry.active(), settings.device, settings.float_dtype, spec, tuple(_arg_key(x) for x in leaves),
+        key = (registry.active(), settings.device, settings.float_dtype, spec, tuple([_arg_key(x) for x in leaves]),
                _aliases(leaves), roots, self.world.key())
         entry = self.entries.get(key)
         if entry is None:

@@ -31,18 +31,25 @@ class Unbound(Exception):
 
 class Program:
     """A plan's bindings and effects, sorted for speed: ``reads`` are weak references to storages
-    (None where the binding needs :func:`_resolve`), ``writes`` are (storage ref, output) pairs, and
-    ``others`` the effects that need :func:`_targets`."""
+    (None where the binding needs :func:`_resolve`), ``writes`` are (storage ref, output) pairs, ``grads``
+    the new ``.grad`` of a parameter as (parameter, meta, view chain, output), and ``others`` the effects
+    that need :func:`_targets`. ``single``: the function returns one value, not a container of them."""
 
     def __init__(self, plan: Plan):
         self.reads = [b[1][0] if _one_storage(b) else None for b in plan.bindings]
         self.writes = [(e[1][1][0], e[2]) for e in plan.effects if e[0] == "write" and _one_storage(e[1])]
-        self.others = [e for e in plan.effects if not (e[0] == "write" and _one_storage(e[1]))]
+        self.grads = [(e[1][0][1], e[1][1], e[1][2], e[2]) for e in plan.effects if _param_grad(e)]
+        self.others = [e for e in plan.effects if not (e[0] == "write" and _one_storage(e[1])) and not _param_grad(e)]
         self.seeded = [i for i, v in enumerate(plan.scalars) if type(v) is tuple]
+        self.single = plan.out_spec.is_leaf()
 
 
 def _one_storage(target: tuple) -> bool:
     return target[0] == "storages" and len(target[1]) == 1
+
+
+def _param_grad(effect: tuple) -> bool:
+    return effect[0] == "grad_new" and effect[1][0][0] == "param"
 
 
 def replay(plan: Plan, leaves: list) -> Any:
@@ -90,15 +97,11 @@ def replay(plan: Plan, leaves: list) -> Any:
                 store(s, outs[j])
             dropped = []  # .grad tensors replaced: freed by the worker after the run
             with torch._C.DisableTorchFunctionSubclass():  # .grad of an mncore tensor: no override to look for
+                for param, meta, chain, j in prog.grads:
+                    _new_grad(param, meta, chain, outs[j], dropped)
                 for (kind, _, j), found in others:
                     if kind == "grad_new":
-                        param, (_, meta, chain) = found
-                        old = param.grad
-                        if _unshared(old, meta, chain):  # nobody else can see it: reuse it, cheaper than a new one
-                            store(old.mn_storage, outs[j])
-                        else:
-                            dropped.append(old)
-                            param.grad = LazyTensor(meta, Storage((outs[j], 0), outs[j].meta), chain)
+                        _new_grad(found[0], found[1][1], found[1][2], outs[j], dropped)
                     else:
                         for st in found:
                             store(st, outs[j])
@@ -119,7 +122,18 @@ def replay(plan: Plan, leaves: list) -> Any:
     timeline.record("host", "replay", t0, t1)
     mark_host_end(t1)
     metrics.add("replays")
-    return pytree.tree_unflatten(result, plan.out_spec)
+    return result[0] if prog.single else pytree.tree_unflatten(result, plan.out_spec)
+
+
+def _new_grad(param: Any, meta: Any, chain: tuple, out: Data, dropped: list) -> None:
+    """``param.grad`` becomes ``out``: in its present tensor when nobody else can see that one (cheaper than
+    a new tensor), else in a new tensor (the old one goes to ``dropped``, freed after the run)."""
+    old = param.grad
+    if _unshared(old, meta, chain):
+        store(old.mn_storage, out)
+    else:
+        dropped.append(old)
+        param.grad = LazyTensor(meta, Storage((out, 0), out.meta), chain)
 
 
 def _unshared(t: Any, meta: Any, chain: tuple) -> bool:

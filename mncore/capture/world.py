@@ -85,7 +85,7 @@ class World:
         a parameter reached twice (a module's and an optimizer's) is in two of them. Collections, not a
         generator: the key reads every parameter before every call, and a comprehension over these is
         cheaper than resuming a generator per parameter."""
-        lists: list = [m._parameters.values() for m in (w() for w in self._modules) if m is not None]
+        lists: list = [m._parameters.values() for w in self._modules if (m := w()) is not None]
         for w in self._optimizers:
             opt = w()
             if opt is not None:
@@ -108,7 +108,7 @@ class World:
         state is one small int, ``2 * requires_grad + (.grad is None)``: no tuple per parameter to build,
         hash and compare. Read with subclass torch functions off: ``.grad`` and ``requires_grad`` of an
         mncore tensor otherwise look for a ``__torch_function__`` override first, twice as slow."""
-        training = tuple([m.training for m in (w() for w in self._modules) if m is not None])
+        training = tuple([m.training for w in self._modules if (m := w()) is not None])
         params = self.params()
         with torch._C.DisableTorchFunctionSubclass():
             grads = tuple([2 * p.requires_grad + (p.grad is None) for p in params])
