@@ -3,6 +3,7 @@ naming the option) instead of hanging a run or surfacing later as a traceback.""
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 USAGE_ERROR = 2  # the exit status of every refused input (argparse's own)
@@ -73,7 +74,7 @@ def _float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value != value or value in (float("inf"), float("-inf")):
+    if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
     return value
 

@@ -101,7 +101,8 @@ def replay(plan: Plan, leaves: list) -> Any:
                     _new_grad(param, meta, chain, outs[j], dropped)
                 for (kind, _, j), found in others:
                     if kind == "grad_new":
-                        _new_grad(found[0], found[1][1], found[1][2], outs[j], dropped)
+                        holder, (_, meta, chain) = found
+                        _new_grad(holder, meta, chain, outs[j], dropped)
                     else:
                         for st in found:
                             store(st, outs[j])
