@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Protocol, Sequence
 
+from harness import interrupt
 from harness.argtypes import UsageError
 from harness.cells import Job, Outcome, Running, end, start, stop
 
@@ -123,5 +124,6 @@ class LocalCluster:
                     del running[i]
                     yield i, end(r, timed_out and r.proc.poll() is None, timeout)
                 time.sleep(POLL_S)
+                interrupt.check()
         finally:
             stop(list(running.values()))

@@ -27,7 +27,7 @@ from ray.util.client import ray as client_ray
 
 from harness.cells import Job, Outcome, end, start, stop
 from harness.cluster import ClusterError, is_client
-from harness.interrupt import Interrupted
+from harness.interrupt import Interrupted, check
 
 T = TypeVar("T")
 
@@ -158,6 +158,7 @@ class RayCluster:
                 t0[i] = time.monotonic()
             while pending:
                 ready, _ = _signalled(ray.wait, list(pending), num_returns=1, timeout=WAIT_S)
+                check()
                 for gen in ready:
                     i = pending.pop(gen)
                     got = self._next(gen, jobs[i], node.get(i), t0[i])

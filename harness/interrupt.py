@@ -1,5 +1,10 @@
 """SIGINT and SIGTERM as an exception, so that a run that is stopped still kills its children
-(``CellRunner.run``'s ``finally``) and finalizes the results of the cells that finished."""
+(``CellRunner.run``'s ``finally``) and finalizes the results of the cells that finished.
+
+A handler that fires while Python runs a garbage-collection callback, a ``__del__`` or a weakref finalizer
+raises where Python only prints "Exception ignored in ..." and goes on, so the exception alone can be lost
+(a campaign stopped by SIGTERM then ran to its time budget). The handler therefore also records the signal,
+and the loops that wait call ``check()`` at each turn to raise it there."""
 from __future__ import annotations
 
 import contextlib
@@ -23,8 +28,20 @@ class Interrupted(BaseException):
         return signal.Signals(self.signum).name
 
 
+_received: list[int] = []  # signals whose Interrupted was raised inside the outermost ``signals_raise`` block
+_depth = [0]  # ``signals_raise`` blocks open (a campaign's block inside the command's)
+
+
 def _raise(signum: int, _frame: Any) -> None:
+    _received.append(signum)
     raise Interrupted(signum)
+
+
+def check() -> None:
+    """Raise ``Interrupted`` for a signal received within ``signals_raise`` whose exception may have been
+    swallowed (see the module's docstring); a no-op otherwise. Safe to call where an exception may propagate."""
+    if _received:
+        raise Interrupted(_received[0])
 
 
 @contextlib.contextmanager
@@ -42,10 +59,19 @@ def _handling(handler: Any) -> Iterator[None]:
             signal.signal(s, old)
 
 
-def signals_raise() -> contextlib.AbstractContextManager[None]:
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
     """Within the block SIGINT and SIGTERM raise ``Interrupted`` (main thread only); the previous handlers
-    come back after."""
-    return _handling(_raise)
+    come back after. The outermost block forgets its signals when it ends (they were raised, or it ended
+    anyway)."""
+    _depth[0] += 1
+    try:
+        with _handling(_raise):
+            yield
+    finally:
+        _depth[0] -= 1
+        if not _depth[0]:
+            _received.clear()
 
 
 @contextlib.contextmanager

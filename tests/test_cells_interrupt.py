@@ -127,3 +127,64 @@ def test_a_signal_inside_a_deferred_block_is_raised_when_the_block_ends(sig):
         with pytest.raises(Interrupted):  # outside the block a signal raises at once again
             os.kill(os.getpid(), sig)
             time.sleep(1)
+
+
+class _SignalsWhenCollected:
+    """Sends ``sig`` to this process from ``__del__``, where Python prints an exception instead of raising it
+    (as in a gc callback or a weakref finalizer): the handler's ``Interrupted`` is swallowed there."""
+
+    def __init__(self, sig: int):
+        self.sig = sig
+
+    def __del__(self) -> None:
+        signal.raise_signal(self.sig)  # runs the handler before it returns
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_whose_exception_python_swallowed_is_raised_by_the_next_check(sig, monkeypatch):
+    """The lost SIGTERM of a fuzz campaign: the handler fired inside a gc callback, the exception was only
+    printed, and the campaign ran on to its time budget. ``check()`` raises it at the loop's next turn, and the
+    signal is forgotten once the block ends."""
+    from harness import interrupt
+
+    swallowed = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: swallowed.append(u.exc_type))
+    with pytest.raises(interrupt.Interrupted) as info:
+        with interrupt.signals_raise():
+            _SignalsWhenCollected(sig)  # collected at once: the exception goes to sys.unraisablehook
+            assert swallowed == [interrupt.Interrupted]
+            interrupt.check()
+    assert info.value.signum == sig
+    interrupt.check()  # nothing pending outside the block
+
+
+def test_a_local_cluster_stops_waiting_for_a_signal_python_swallowed(tmp_path, monkeypatch):
+    """The wait for a cell's child checks for a swallowed signal at each poll: it raises ``Interrupted`` and
+    kills the child instead of waiting for the cell's timeout."""
+    from types import SimpleNamespace
+
+    from harness import cluster, interrupt
+
+    pidfile = tmp_path / "child.pid"
+    fake = tmp_path / "fake_python"
+    fake.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nexec sleep 600\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(cells, "PYTHON", str(fake))
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: None)
+    polls_after = []
+
+    def sleep(s: float) -> None:  # the poll's sleep: once the child runs, a signal arrives and is swallowed
+        time.sleep(s)
+        if polls_after:
+            polls_after.append(s)
+            assert len(polls_after) < 100, "the wait went on after the signal"
+        elif pidfile.exists() and pidfile.read_text().strip():
+            polls_after.append(s)
+            _SignalsWhenCollected(signal.SIGTERM)
+
+    monkeypatch.setattr(cluster, "time", SimpleNamespace(monotonic=time.monotonic, sleep=sleep))
+    job = cells.Job("hangs", "harness.runner", (), tmp_path / "hangs.json")
+    with pytest.raises(interrupt.Interrupted):
+        with interrupt.signals_raise():
+            list(cluster.LocalCluster(1).outcomes([job], timeout=600))
+    assert polls_after and not _running(int(pidfile.read_text()))  # killed and reaped before the raise

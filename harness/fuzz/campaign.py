@@ -36,7 +36,7 @@ from harness.fuzz.findings import Findings, signature
 from harness.fuzz.mutate import generate, seed_rows
 from harness.fuzz.shrink import shrink
 from harness.fuzz.worker import Worker, WorkerSetupError
-from harness.interrupt import Interrupted, deferred, signals_raise
+from harness.interrupt import Interrupted, check, deferred, signals_raise
 from harness.registry_cmd import DEFAULT_PATH
 from shape_registry import Registry
 
@@ -197,6 +197,7 @@ class Campaign:
         try:
             with signals_raise(), (self.out / "results.jsonl").open("a") as results:
                 while (cfg.cases is None or new < cfg.cases) and time.monotonic() < deadline:
+                    check()
                     n = next(todo)
                     case = generate(rows, cfg.seed, n, cfg.max_numel)
                     res = worker.run(case.to_json())
