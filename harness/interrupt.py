@@ -29,7 +29,6 @@ class Interrupted(BaseException):
 
 
 _received: list[int] = []  # signals whose Interrupted was raised inside the outermost ``signals_raise`` block
-_depth = [0]  # ``signals_raise`` blocks open (a campaign's block inside the command's)
 
 
 def _raise(signum: int, _frame: Any) -> None:
@@ -64,13 +63,12 @@ def signals_raise() -> Iterator[None]:
     """Within the block SIGINT and SIGTERM raise ``Interrupted`` (main thread only); the previous handlers
     come back after. The outermost block forgets its signals when it ends (they were raised, or it ended
     anyway)."""
-    _depth[0] += 1
+    outermost = signal.getsignal(signal.SIGINT) is not _raise  # not nested (a campaign's block in the command's)
     try:
         with _handling(_raise):
             yield
     finally:
-        _depth[0] -= 1
-        if not _depth[0]:
+        if outermost:
             _received.clear()
 
 
