@@ -2,8 +2,8 @@
 node (the same ``harness.cells`` start, timeout and kill rules as a local run) and sends back how it
 ended with the result file and log, so the driver writes the same results files as a local run.
 
-A task first yields its node's address, then the outcome (a streaming generator), so that a worker
-or node lost mid-cell still names where the cell was: that cell gets a ``node_lost`` outcome and the
+A task first yields its node's address, and starts the cell only once the driver has it, then yields
+the outcome (a streaming generator), so that a worker or node lost mid-cell still names where the cell was: that cell gets a ``node_lost`` outcome and the
 others go on. Tasks are never retried (``max_retries=0``: a flaky cell must show), outcomes are
 collected with ``ray.wait`` in completion order, and closing the iterator (Ctrl-C) cancels every task
 still pending or running (its worker is killed, and with it the child, ``PR_SET_PDEATHSIG``).
@@ -63,9 +63,12 @@ def _tail(path: Path) -> bytes:
         return b""
 
 
-@ray.remote(max_retries=0)
+@ray.remote(max_retries=0, _generator_backpressure_num_objects=1)
 def _cell(job: Job, timeout: float, env: dict[str, str]) -> Iterator[Any]:
-    """Runs on a node: yield the node's address, then the cell's outcome with its result and log."""
+    """Runs on a node: yield the node's address, then the cell's outcome with its result and log. With
+    a backpressure of one item the task waits after yielding until the driver has taken the address,
+    so the child never starts before the driver knows its node: a worker killed at once (the two-node
+    test kills it as soon as the child runs) was otherwise reported from "an unknown node"."""
     yield ray.util.get_node_ip_address()
     yield _run(job, timeout, env)
 
