@@ -18,6 +18,7 @@ from mncore.observe.metrics import accumulator as _accumulator
 from mncore.observe.metrics import local as _local
 
 DEVICE_NAME = "mncore"
+_make_wrapper = torch.Tensor._make_wrapper_subclass
 
 
 class Storage:
@@ -53,16 +54,23 @@ class LazyTensor(torch.Tensor):
     """A tensor on the ``mncore`` device whose value is a pending graph node or a device buffer."""
 
     __torch_function__ = torch._C._disabled_torch_function_impl
+    # Defaults read through the class: a tensor sets them only when they differ. Setting an attribute
+    # of a tensor costs about 0.1 us (its __dict__ lives behind torch's C object), and every traced op
+    # makes a tensor with no view chain and no cached view value.
+    mn_chain: tuple = ()
+    mn_view_cache: tuple | None = None
 
     @staticmethod
     def __new__(cls, meta: TensorMeta, storage: Storage, chain: tuple = (), requires_grad: bool = False):
-        r = torch.Tensor._make_wrapper_subclass(
-            cls, meta.shape, meta.stride, dtype=meta.dtype, device=device(), requires_grad=requires_grad
-        )
+        try:
+            dev = _device_obj[0]
+        except IndexError:  # the first mncore tensor: the device object can be made now (backend renamed)
+            dev = device()
+        r = _make_wrapper(cls, meta.shape, meta.stride, dtype=meta.dtype, device=dev, requires_grad=requires_grad)
         r.mn_meta = meta
         r.mn_storage = storage
-        r.mn_chain = chain
-        r.mn_view_cache = None
+        if chain:
+            r.mn_chain = chain
         return r
 
     @classmethod
