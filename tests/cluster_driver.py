@@ -6,7 +6,7 @@ address is loopback, runs tiny model cells with ``--cluster local`` (filling a f
 runs a victim cell, the same cells and a last cell on the cluster through ``harness run --cluster
 HOST:PORT`` with the same shared cache: the Ray worker running the victim is killed as soon as the
 victim's child starts, and the run gets SIGINT (Ctrl-C) once three rows are written, while the last cell
-runs (it starts when a first cell ends). Last, through Ray Client (``--cluster ray://HEAD:CLIENT_PORT``),
+runs (it starts when a first cell ends; its child is stopped until then, so it cannot finish first). Last, through Ray Client (``--cluster ray://HEAD:CLIENT_PORT``),
 it runs the same cells again and a tiny fuzz campaign on both nodes, and the same campaign locally. It
 writes what happened as JSON to the path it is given (the second argument: a short directory for Ray's
 files).
@@ -28,6 +28,7 @@ HEAD, SECOND = "127.0.0.1", "127.0.0.2"
 MODELS = ["mlp_w64:tiny", "mlp_w128:tiny"]
 VICTIM, LAST = "mlp_w256", "mlp_w512"
 NODE_WAIT_S = 60.0
+FROZEN_MAX_S = 300.0  # the last cell's child waits this long at most for the third row
 CLIENT_PORT = 10001  # the head's Ray Client server (ray://)
 # A tiny campaign with a finding: an off-by-one sum lowering, failing in cases 0, 2 and 5 of seed 3 (with
 # --jobs 2 the first shard runs 0, 2 and 4, the second 1, 3 and 5: each shrinks its first finding).
@@ -80,7 +81,11 @@ def cells_running() -> dict[int, tuple[int, bytes]]:
 
 def saboteur(stop: threading.Event, rows_file: Path, report: dict) -> None:
     """SIGKILL the Ray worker running the victim's child as soon as it runs; SIGINT this process once
-    three rows are written and the last cell's child runs."""
+    three rows are written and the last cell's child runs. The last cell's child is stopped (SIGSTOP) as
+    soon as it is seen, and continued right after the SIGINT: a tiny cell can otherwise finish before the
+    third row is written (a loaded machine ran it faster than the cell beside it), and then no SIGINT
+    ever came."""
+    frozen, frozen_at = None, 0.0
     while not stop.is_set():
         running = cells_running()
         if "killed_worker" not in report:
@@ -88,12 +93,28 @@ def saboteur(stop: threading.Event, rows_file: Path, report: dict) -> None:
                 if VICTIM.encode() in cmd:
                     os.kill(ppid, signal.SIGKILL)
                     report["killed_worker"] = ppid
-        last = [cmd for _, cmd in running.values() if LAST.encode() in cmd]
-        if last and rows_file.exists() and len(rows_file.read_text().splitlines()) >= 3:
+        last = [pid for pid, (_, cmd) in running.items() if LAST.encode() in cmd]
+        if last and frozen is None:
+            frozen, frozen_at = last[0], time.monotonic()
+            _signal(frozen, signal.SIGSTOP)
+        if frozen is not None and time.monotonic() - frozen_at > FROZEN_MAX_S:  # never hang the run
+            _signal(frozen, signal.SIGCONT)
+            report["third_row_missing"] = True
+            return
+        if frozen is not None and rows_file.exists() and len(rows_file.read_text().splitlines()) >= 3:
             report["running_at_sigint"] = len(running)
             os.kill(os.getpid(), signal.SIGINT)
+            _signal(frozen, signal.SIGCONT)  # it dies with its cancelled task, as a running child does
             return
         time.sleep(0.1)
+
+
+def _signal(pid: int, sig: int) -> None:
+    """``os.kill``, for a process that may have ended since it was listed."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def rows(out: Path) -> list[dict]:

@@ -22,7 +22,7 @@ from harness import cells, cli, cluster, netns
 from harness.compare import compare
 from reports import cluster_plan
 from reports.schema import ModelRow
-from tests.cluster_driver import LAST, MODELS, VICTIM
+from tests.cluster_driver import FROZEN_MAX_S, LAST, MODELS, VICTIM
 
 FUZZ_FINDING = "aten.sum.dim_IntList:mismatch:lazy_vs_eager"
 
@@ -143,6 +143,8 @@ def test_two_node_cluster(tmp_path):
     assert victim.node in run["nodes"] and victim.node in victim.reason
 
     # SIGINT while the last cell runs cancels it (no cell process left), keeps the three finished rows.
+    waited = f" (it waited {FROZEN_MAX_S:.0f} s for the third)" if run.get("third_row_missing") else ""
+    assert "running_at_sigint" in run, f"the last cell's child was never seen running with three rows written{waited}"
     assert run["running_at_sigint"] == 1  # only the last cell's child was running
     assert run["ray_rc"] == 130 and run["ray_meta"]["interrupted"] == "SIGINT"
     assert (LAST, "tiny") not in on_ray and len(on_ray) == 3
