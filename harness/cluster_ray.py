@@ -3,8 +3,8 @@ node (the same ``harness.cells`` start, timeout and kill rules as a local run) a
 ended with the result file and log, so the driver writes the same results files as a local run.
 
 A task first yields its node's address, and starts the cell only once the driver has it, then yields
-the outcome (a streaming generator), so that a worker or node lost mid-cell still names where the cell was: that cell gets a ``node_lost`` outcome and the
-others go on. Tasks are never retried (``max_retries=0``: a flaky cell must show), outcomes are
+the outcome (a streaming generator), so that a worker or node lost mid-cell still names where the cell
+was: that cell gets a ``node_lost`` outcome and the others go on. Tasks are never retried (``max_retries=0``: a flaky cell must show), outcomes are
 collected with ``ray.wait`` in completion order, and closing the iterator (Ctrl-C) cancels every task
 still pending or running (its worker is killed, and with it the child, ``PR_SET_PDEATHSIG``).
 Each task asks for ``CPUS_PER_CELL`` CPUs, a GPU for ``pfvm:cuda``, and one ``mncore2`` resource for

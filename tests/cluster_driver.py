@@ -6,10 +6,10 @@ address is loopback, runs tiny model cells with ``--cluster local`` (filling a f
 runs a victim cell, the same cells and a last cell on the cluster through ``harness run --cluster
 HOST:PORT`` with the same shared cache: the Ray worker running the victim is killed as soon as the
 victim's child starts, and the run gets SIGINT (Ctrl-C) once three rows are written, while the last cell
-runs (it starts when a first cell ends; its child is stopped until then, so it cannot finish first). Last, through Ray Client (``--cluster ray://HEAD:CLIENT_PORT``),
-it runs the same cells again and a tiny fuzz campaign on both nodes, and the same campaign locally. It
-writes what happened as JSON to the path it is given (the second argument: a short directory for Ray's
-files).
+runs (it starts when a first cell ends; its child is stopped until then, so it cannot finish first).
+Last, through Ray Client (``--cluster ray://HEAD:CLIENT_PORT``), it runs the same cells again and a tiny
+fuzz campaign on both nodes, and the same campaign locally. It writes what happened as JSON to the path
+it is given (the second argument: a short directory for Ray's files).
 """
 from __future__ import annotations
 

@@ -200,10 +200,8 @@ def emit1(op: Any, args: tuple, kwargs: dict) -> tuple[tuple, TensorMeta]:
 def wrap(node: Node) -> Any:
     """The tensor(s) a recorded op returns, shaped like its eager result (one, none or a sequence)."""
     struct, metas = node.sig.struct, node.sig.metas
-    if struct is None:  # one tensor, nearly every op: new_tensor's work, its value known to be a node
-        st = Storage((node, 0), metas[0])
-        tracer.pending.add(st)
-        return LazyTensor(metas[0], st)
+    if struct is None:
+        return new_tensor((node, 0), metas[0])
     if struct == "none":
         return None
     outs = [None if m is None else new_tensor((node, i), m) for i, m in enumerate(metas)]
