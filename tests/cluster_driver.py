@@ -102,7 +102,7 @@ def saboteur(stop: threading.Event, rows_file: Path, report: dict) -> None:
             report["third_row_missing"] = True
             return
         if frozen is not None and rows_file.exists() and len(rows_file.read_text().splitlines()) >= 3:
-            report["running_at_sigint"] = len(running)
+            report["running_at_sigint"] = len(cells_running())  # now: the third row's child may have ended since
             os.kill(os.getpid(), signal.SIGINT)
             _signal(frozen, signal.SIGCONT)  # it dies with its cancelled task, as a running child does
             return
@@ -158,7 +158,10 @@ def main(result: Path, ray_tmp: Path) -> None:
     finally:
         stop.set()
     report["seconds"]["ray"] = time.monotonic() - t0
-    time.sleep(2.0)  # a cancelled task's worker is killed asynchronously; its child dies with it
+    # a cancelled task's worker is killed asynchronously and its child dies with it: wait for that, bounded
+    deadline = time.monotonic() + 60.0
+    while cells_running() and time.monotonic() < deadline:
+        time.sleep(0.2)
     report["running_after"] = len(cells_running())
     report["ray"] = rows(tmp / "ray")
     report["ray_meta"] = json.loads((tmp / "ray" / "meta.json").read_text())

@@ -6,6 +6,7 @@ seed, same data). Each test uses its own ``Context(MNDevice("pfvm:cpu"))``.
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import os
 import re
@@ -198,6 +199,7 @@ def test_state_values_a_call_replaces_are_freed(ctx, tmp_path, where):
     with mncore.config.override(cpu_thread=where):
         _, step = _context_train(ctx, model, opt, batches, tmp_path / "train")
         mncore.wait_device_ops()
+        gc.collect()  # earlier tests' garbage (cycles holding device tensors) is not freed inside the window
         warm = mncore.metrics.counters()["live_buffers"]
         for i in range(40):
             step(batches[i % len(batches)])

@@ -259,3 +259,42 @@ def test_embedding_bag_outputs_and_gradients_follow_eager(case):
         return w.grad
 
     _same(gradient("mncore"), gradient("cpu"))
+
+
+EMPTY_INPUT_LOSSES = {  # PyTorch's shape functions of these divide by numel or check an int as a bool
+    "mse_loss": lambda x, y: nn.functional.mse_loss(x, y),
+    "huber_loss": lambda x, y: nn.functional.huber_loss(x, y),
+    "upsample_nearest1d": lambda x, y: torch.ops.aten.upsample_nearest1d.default(x, [4], 2.0).sum(),
+}
+
+
+@pytest.mark.parametrize("name", list(EMPTY_INPUT_LOSSES))
+def test_ops_whose_shape_function_fails_on_empty_inputs_run_eagerly(name):
+    """Found by fuzzing: on an empty input the meta kernel raised ZeroDivisionError (mse_loss_backward,
+    huber_loss_backward) or TypeError (upsample_nearest1d), where eager returns a result. The op runs
+    eagerly instead; forward and gradient agree with eager (NaN for a mean over nothing)."""
+    fn = EMPTY_INPUT_LOSSES[name]
+    x, y = torch.randn(0, 3, 2), torch.randn(0, 3, 2)
+    xe = x.clone().requires_grad_()
+    want = fn(xe, y)
+    want.backward()
+    xm = x.to("mncore").requires_grad_()
+    got = fn(xm, y.to("mncore"))
+    got.backward()
+    mncore.sync()
+    torch.testing.assert_close(got.cpu(), want.detach(), equal_nan=True)
+    _same(xm.grad, xe.grad)
+
+
+def test_histc_of_a_bool_tensor_is_refused_as_eager_refuses_it():
+    """mncore's histc counts integers (as CUDA's kernel does; CPU's has none), but no kernel takes bool: a bool
+    input raises eager's own NotImplementedError at the call instead of returning a bool histogram."""
+    x = torch.tensor([True, False, True])
+    with pytest.raises(NotImplementedError):
+        torch.histc(x, 4, 0, 3)
+    with pytest.raises(NotImplementedError):
+        torch.histc(x.to("mncore"), 4, 0, 3)
+    ints = torch.tensor([1, 0, 1, 3])
+    got = torch.histc(ints.to("mncore"), 4, 0, 3)
+    assert got.dtype == torch.int64
+    assert got.cpu().tolist() == torch.histc(ints.double(), 4, 0, 3).long().tolist()

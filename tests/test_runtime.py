@@ -255,6 +255,7 @@ def test_live_buffers_stay_flat_over_500_steps():
 
 def test_buffers_are_freed_with_their_tensors():
     mncore.wait_device_ops()
+    gc.collect()  # earlier tests' garbage (cycles holding device tensors) is not freed inside the window
     base = mncore.metrics.counters()["live_buffers"]
     xs = [torch.ones(10).mncore() for _ in range(5)]
     assert mncore.metrics.counters()["live_buffers"] == base + 5
@@ -271,6 +272,7 @@ def test_live_bytes_count_each_result_as_stored(sim_env, device, policy):
     mncore.init(device, float_dtype=policy)
     x = torch.ones(64, 32).mncore()
     mncore.wait_device_ops()
+    gc.collect()  # earlier tests' garbage (cycles holding device tensors) is not freed inside the window
     base = buffers.live_bytes()
     y, z = x * 2.0 + 1.0, x.sum(0)
     mncore.sync()

@@ -607,6 +607,7 @@ def test_performance_mode_counts_every_live_output_of_a_graph_run_again(sim):
     accounting must still count each live output once, as a board holding them would."""
     mncore.init("mncore2:auto", sim_mode="performance")
     x = torch.ones(256, 256).to("mncore")
+    gc.collect()  # earlier tests' garbage (cycles holding device tensors) is not freed inside the window
     base = buffers.live_bytes()
     outs = []
     for _ in range(3):
@@ -829,3 +830,27 @@ def test_lazy_step_costs_the_context_steps_device_time_with_or_without_its_gradi
         assert p.grad is None
         # the device computes in float64; the host reads back the program's float32 (rounding: ~6e-8)
         torch.testing.assert_close(p.detach().cpu().double(), q.detach(), rtol=2e-7, atol=1e-8)
+
+
+def test_a_read_of_a_result_sees_its_graph_in_the_metrics(sim, monkeypatch):
+    """A graph the worker runs (functional mode) is counted before its outputs are released: reading a
+    result and then the metrics, without ``wait_device_ops()``, shows its modelled time. The worker's
+    accounting is slowed here; counted after the release, the read returned first and saw 0."""
+    import importlib
+
+    executor = importlib.import_module("mncore.execute.executor")
+    record = executor._record_modelled
+
+    def slow_record(exe, result):
+        time.sleep(0.3)
+        record(exe, result)
+
+    monkeypatch.setattr(executor, "_record_modelled", slow_record)
+    mncore.init("mncore2:auto", sim_mode="functional")
+    mncore.metrics.reset()
+    x = torch.randn(64, 64)
+    y = (x.to("mncore") @ x.to("mncore")).relu()
+    mncore.sync()
+    torch.testing.assert_close(y.cpu(), (x @ x).relu())
+    c = mncore.metrics.counters()
+    assert c["graphs_executed"] == 1 and c["modelled_device_s"] > 0, c

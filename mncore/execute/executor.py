@@ -230,8 +230,7 @@ class Executor:
                 err = self._describe(exe, args, e)
         t2 = timeline.now()
         self._store(job, None if err is not None else (outs, sizes), err, inherited)
-        for latch in _latches(job):
-            latch.set()
+        # counted before the outputs are released: a reader of one then sees this graph in the metrics
         if result is not None and result.modelled_s is not None:
             if result.measured_lane is not None:
                 timeline.record(result.measured_lane, exe.name, t1, t2, nodes=exe.n_nodes,
@@ -241,6 +240,8 @@ class Executor:
             timeline.record("device", exe.name, t1, t2, nodes=exe.n_nodes, time="measured")
         metrics.add("execute_s", t2 - t1)
         metrics.add("graphs_executed")
+        for latch in _latches(job):
+            latch.set()
         job.release.clear()  # freeing large buffers takes time: not on the host's (unless it runs here)
         job.done.set()
 

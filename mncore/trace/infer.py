@@ -74,8 +74,16 @@ def _grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: Any = None, bias
     return torch.empty_strided(size, stride, dtype=dtype, device="meta")
 
 
+def _histc(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """``histc`` counts integers on mncore, as CUDA's kernel does (``compile.lowering``), but no PyTorch
+    kernel takes bool and its meta rule does: a bool input runs eagerly, which raises eager's error."""
+    if x.dtype == torch.bool:
+        raise NotImplementedError("histc has no kernel for bool tensors")
+    return torch.ops.aten.histc.default(x, *args, **kwargs)
+
+
 # Ops whose meta rule does not describe what the CPU computes: the rule here does.
-_OWN_SHAPE_RULES = {"_grouped_mm.default": _grouped_mm}
+_OWN_SHAPE_RULES = {"_grouped_mm.default": _grouped_mm, "histc.default": _histc}
 
 
 def _eval_batch_norm(args: list, kwargs: dict, out: tuple) -> tuple:
@@ -141,6 +149,12 @@ def _infer(target: Any, targs: tuple, tkw: tuple, inputs: list, sigs: list) -> t
         out = target(*margs, **mkw) if own is None else own(*margs, **mkw)
     except NotImplementedError as e:
         raise FallbackNeeded(str(e)) from e
+    except (ZeroDivisionError, TypeError) as e:
+        # a defect of a shape function written in Python, for inputs its kernel takes (an empty tensor:
+        # mse_loss_backward divides by its numel, upsample_nearest1d checks an int as a bool): the op runs
+        # eagerly instead, and eager decides
+        raise FallbackNeeded(f"{getattr(target, '__name__', target)}'s shape function failed: "
+                             f"{type(e).__name__}: {e}") from e
     except RuntimeError as e:
         msg = str(e)
         if ("data-dependent" in msg or "DataDependent" in msg or "meta tensors" in msg or "Meta" in msg
