@@ -298,3 +298,49 @@ def test_histc_of_a_bool_tensor_is_refused_as_eager_refuses_it():
     got = torch.histc(ints.to("mncore"), 4, 0, 3)
     assert got.dtype == torch.int64
     assert got.cpu().tolist() == torch.histc(ints.double(), 4, 0, 3).long().tolist()
+
+
+@pytest.mark.parametrize("which", ["grads", "exp_avg_sqs"])
+def test_fused_adam_with_a_list_shaped_unlike_its_parameters_is_refused(which):
+    """Found by fuzzing: eager's fused Adam does not check its lists, and a state tensor of another shape
+    than its parameter crashed the process (eager's too); mncore refuses the step and names the tensor."""
+    params = [torch.randn(4, 16).to("mncore"), torch.randn(16).to("mncore")]
+    lists = {name: [torch.zeros_like(p) for p in params] for name in ("grads", "exp_avgs", "exp_avg_sqs")}
+    lists[which][0] = torch.zeros(1, 16).to("mncore")
+    steps = [torch.tensor(1.0).to("mncore") for _ in params]
+    with pytest.raises(RuntimeError, match=rf"mncore: _fused_adam_: {which}\[0\] has shape \[1, 16\] but its parameter"):
+        torch._fused_adam_(params, lists["grads"], lists["exp_avgs"], lists["exp_avg_sqs"], [], steps, lr=0.01,
+                           beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+
+
+def test_fused_adam_with_matching_lists_still_matches_eager():
+    """The check lets a well-formed step through: one fused Adam step on mncore against eager's."""
+    torch.manual_seed(0)
+    params = [torch.randn(4, 16), torch.randn(16)]
+    grads = [torch.randn_like(p) for p in params]
+
+    def step(device: str) -> list:
+        ps = [p.clone().to(device) for p in params]
+        state = [[torch.zeros_like(p) for p in ps] for _ in range(2)]
+        steps = [torch.tensor(1.0).to(device) for _ in ps]
+        torch._fused_adam_(ps, [g.to(device) for g in grads], *state, [], steps, lr=0.01, beta1=0.9, beta2=0.999,
+                           weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+        return [p.cpu() for p in ps]
+
+    for got, want in zip(step("mncore"), step("cpu")):
+        torch.testing.assert_close(got, want)
+
+
+def test_pdist_gradient_of_an_input_without_rows_is_empty_not_a_crash():
+    """Found by fuzzing: CPU's ``_pdist_backward`` divides by zero on a (0, m) input and the process dies
+    (SIGFPE, eager's own too), and mncore ran that kernel. The gradient of no rows is empty; an input with
+    rows still gets eager's gradient."""
+    x = torch.randn(0, 16).to("mncore").requires_grad_()
+    torch.nn.functional.pdist(x).sum().backward()
+    assert x.grad.shape == (0, 16)
+    torch.manual_seed(0)
+    y = torch.randn(3, 4)
+    ye, ym = y.clone().requires_grad_(), y.to("mncore").requires_grad_()
+    torch.nn.functional.pdist(ye).sum().backward()
+    torch.nn.functional.pdist(ym).sum().backward()
+    torch.testing.assert_close(ym.grad.cpu(), ye.grad)

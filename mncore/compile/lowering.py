@@ -24,10 +24,19 @@ def _histc_any_dtype(x: torch.Tensor, bins: int = 100, min: float = 0, max: floa
     return aten.histc.default(x.double(), bins, min, max).to(x.dtype)
 
 
+def _pdist_backward_of_no_rows(grad: torch.Tensor, x: torch.Tensor, p: float, pdist: torch.Tensor) -> torch.Tensor:
+    """CPU's ``_pdist_backward`` divides by zero on an input with no rows but some columns (SIGFPE: the
+    process dies, eager's too); the gradient of no rows is empty."""
+    if x.size(0) == 0:
+        return torch.zeros_like(x)
+    return aten._pdist_backward.default(grad, x, p, pdist)
+
+
 _BUILTIN: dict[Any, Callable] = {
     aten.view.default: aten.reshape.default,
     aten._unsafe_view.default: aten.reshape.default,
     aten.histc.default: _histc_any_dtype,
+    aten._pdist_backward.default: _pdist_backward_of_no_rows,
     **LAZY_BIT_VIEWS,
 }
 _overrides: dict[Any, Callable] = {}

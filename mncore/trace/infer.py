@@ -136,6 +136,35 @@ def _cpu_shapes(target: Any, margs: list, mkw: dict, out: Any) -> Any:
     return rule(margs, mkw, out) if rule is not None and isinstance(out, tuple) else out
 
 
+# Fused optimizer steps: how many of their leading lists hold one tensor per parameter, shaped like it.
+_PER_PARAMETER_LISTS = {"_fused_adam": 5, "_fused_adamw": 5, "_fused_sgd": 3, "_fused_adagrad": 3}
+
+
+def _check_per_parameter_lists(target: Any, margs: list, mkw: dict) -> None:
+    """A fused optimizer step whose lists do not match its parameters is refused here: eager's kernels do
+    not check them, and read past a smaller tensor or crash the process (found by fuzzing)."""
+    op = target.op if isinstance(target, MutateFn) else target
+    name = getattr(op, "__name__", "").split(".")[0].rstrip("_")
+    n = _PER_PARAMETER_LISTS.get(name)
+    if n is None:
+        return
+    names = [a.name for a in op._schema.arguments]
+    lists = [margs[i] if i < len(margs) else mkw.get(names[i]) for i in range(n)]
+    params = lists[0]
+    for i in range(1, n):
+        tensors = lists[i]
+        if not tensors:  # an unused list (max_exp_avg_sqs without amsgrad, no momentum buffers yet)
+            continue
+        if len(tensors) != len(params):
+            raise RuntimeError(f"mncore: {name}_: {names[i]} holds {len(tensors)} tensors for {len(params)} "
+                               "parameters; pass one per parameter")
+        for j, (p, t) in enumerate(zip(params, tensors)):
+            if t.shape != p.shape:
+                raise RuntimeError(f"mncore: {name}_: {names[i]}[{j}] has shape {list(t.shape)} but its parameter "
+                                   f"{names[0]}[{j}] has {list(p.shape)}; each list holds one tensor per parameter, "
+                                   "shaped like it")
+
+
 class FallbackNeeded(Exception):
     """Meta inference cannot know the output shape (data-dependent op): run it eagerly."""
 
@@ -145,6 +174,7 @@ def _infer(target: Any, targs: tuple, tkw: tuple, inputs: list, sigs: list) -> t
     margs = [_materialize(a, it, sit) for a in targs]
     mkw = {k: _materialize(v, it, sit) for k, v in tkw}
     own = _OWN_SHAPE_RULES.get(getattr(target, "__name__", ""))
+    _check_per_parameter_lists(target, margs, mkw)
     try:
         out = target(*margs, **mkw) if own is None else own(*margs, **mkw)
     except NotImplementedError as e:
