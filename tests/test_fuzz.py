@@ -415,3 +415,33 @@ def test_context_oracle_passes_out_tensors_given_as_keywords(tmp_path: Path) -> 
     case = _row("aten.maximum.out")
     res = run_case(case, context=_context(), codegen_dir=str(tmp_path))
     assert (res["status"], res["checks"]["context_vs_lazy"]) == ("pass", "pass"), res
+
+
+# Found by fuzzing pfvm:cpu: eager's own _ctc_loss gradient changes with the targets' strides.
+_CTC_STRIDED_TARGETS = {
+    "op": "aten._ctc_loss.Tensor",
+    "args": [{"contiguous": False, "dtype": "float32", "range": [-3.930759, -3.01057], "shape": [24, 2, 32],
+              "stride": [32, 768, 1], "t": "tensor"},
+             {"dtype": "int64", "range": [6, 30], "shape": [4], "t": "tensor", "contiguous": True, "stride": [1]},
+             {"dtype": "int64", "range": [24, 24], "shape": [2], "t": "tensor", "contiguous": True, "stride": [1]},
+             {"dtype": "int64", "range": [2, 2], "shape": [2], "t": "tensor", "contiguous": True, "stride": [1]}],
+    "kwargs": {}, "mutations": [{"kind": "layout", "arg": "a1", "layout": "strided", "by": "fuzz"},
+                                {"kind": "values", "arg": "a0", "dist": "simple", "by": "shrink"}],
+    "value_seed": 174923168, "row": "aten._ctc_loss.Tensor[f32(24,2,32)nc|i64(4)|i64(2)|i64(2)]", "index": 8364,
+}
+
+
+def test_gradient_that_eager_computes_differently_on_strided_inputs_is_layout_sensitive(tmp_path: Path) -> None:
+    """Eager's gradient of this case depends on the targets' strides; mncore's device buffers are dense and
+    its gradient is eager's on contiguous copies: ``layout-sensitive``, as the output oracle has it, not a
+    finding. The oracle's premise is checked too: eager's two gradients differ."""
+    from harness.fuzz.oracles import _contiguous, grads
+
+    case = Case.from_json(_CTC_STRIDED_TARGETS)
+    args, kwargs = case.build_inputs()
+    op = resolve_op(case.op)
+    strided = grads(op, args, kwargs, "cpu", case.value_seed)
+    dense = grads(op, _contiguous(args), _contiguous(kwargs), "cpu", case.value_seed)
+    assert not torch.allclose(strided[0], dense[0])
+    res = run_case(case, context=_context(), codegen_dir=str(tmp_path))
+    assert (res["status"], res["checks"]["grad_vs_eager"]) == ("pass", "layout-sensitive"), res
