@@ -193,6 +193,24 @@ def test_elementwise_epilogues_are_fused_into_matmul_kernels(compiled):
     assert mlp.stats["kernels_by_kind"]["complex"] == n_mm  # every matmul starts its own kernel
 
 
+def test_silu_and_mish_gradients_are_one_fused_elementwise_op():
+    """They reach the tracer whole (not as PyTorch's composite steps) and join their neighbours' kernel;
+    ``mish_backward`` carries no pointwise tag, so the compiler names it elementwise itself."""
+    def build():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.SiLU(), torch.nn.Linear(16, 16), torch.nn.Mish(),
+                                    torch.nn.Linear(16, 2))
+        return model, lambda ps: torch.optim.SGD(ps, lr=0.1), (torch.randn(4, 8),), lambda m, x: m(x).pow(2).mean()
+
+    exes, lazy, eager = _step_graphs(build)
+    torch.testing.assert_close(lazy, eager)
+    home = _home(exes[0])
+    for name in ("silu_backward", "mish_backward"):
+        (node,) = [n for n in _calls(exes[0]) if name in str(base_op(n.target))]
+        assert node.meta["mn_class"] == "elementwise", (name, node.meta["mn_class"])
+        assert len(home[node].nodes) > 1, f"{name} sits alone in its kernel"
+
+
 def test_kernels_by_kind_counts_every_kernel(exe):
     by_kind = exe.stats["kernels_by_kind"]
     for kind in {k.kind for k in exe.kernels}:

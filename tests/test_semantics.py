@@ -397,11 +397,23 @@ def test_out_with_dtype_cast():
     run_both(f, torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6]), torch.zeros(3))
 
 
-def test_out_with_wrong_shape_is_refused_with_a_clear_error():
-    """Eager resizes an empty out= tensor; lazy tensors have static shapes, so mncore says so instead."""
-    a = _grid(3, 4).to("mncore")
-    with pytest.raises(RuntimeError, match="cannot be resized on mncore"):
-        torch.add(a, a, out=torch.empty(0, device="mncore"))
+@pytest.mark.parametrize("out_shape", [(0,), (2,), (3, 2), (4, 3)])
+def test_out_of_another_shape_is_resized_as_eager_resizes_it(out_shape):
+    """An out= tensor takes the result's shape, as in eager: an empty one silently (``out=torch.empty(0)``),
+    one with elements with a deprecation warning. Found by fuzzing: a one-element result written into an
+    empty out= tensor broadcast to nothing (the out= tensor stayed empty), and into a larger one
+    broadcast over it."""
+    for a, b in ((_grid(1), _grid(1) + 2), (_grid(3, 4), _grid(3, 4) - 5)):
+        def f(a, b, c):
+            torch.maximum(a, b, out=c)
+            return c
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out, ref = run_both(f, a, b, torch.zeros(out_shape), check_inputs=False)
+        assert out.shape == ref.shape == a.shape
+        resized = [w for w in caught if "mncore" in str(w.message) and "was resized" in str(w.message)]
+        assert len(resized) == (1 if 0 not in out_shape and out_shape != tuple(a.shape) else 0), caught
 
 
 def test_copy_from_noncontiguous_host_keeps_destination_layout():

@@ -181,6 +181,14 @@ def test_round_to_format_clamps_to_largest_normal():
     torch.testing.assert_close(round_to_format(x, "half"), expected, rtol=0, atol=0)
 
 
+def test_round_to_format_applies_the_exponent_range_to_bfloat16():
+    """bfloat16's mantissa fits half's, its exponent range does not: values still flush and clamp (the
+    clamped value is then the nearest a bfloat16 holds)."""
+    x = torch.tensor([2.0 ** -33, -2.0 ** -31, 2.0 ** 40, -1e20, 1.5, SMALLEST_NORMAL], dtype=torch.bfloat16)
+    want = torch.tensor([0.0, 0.0, LARGEST_NORMAL, -LARGEST_NORMAL, 1.5, SMALLEST_NORMAL]).to(torch.bfloat16)
+    torch.testing.assert_close(round_to_format(x, "half"), want, rtol=0, atol=0)
+
+
 def test_round_to_format_keeps_nan_and_inf_and_ignores_integers():
     x = torch.tensor([float("nan"), float("inf"), -float("inf"), 1.0 + 2 ** -10])
     y = round_to_format(x, "half")
@@ -388,6 +396,32 @@ def test_mixed_matmul_rounds_operands_to_half_and_accumulates_in_float32(sim):
     assert ((c - exact).abs() <= bound).all()
     # and the rounding is really applied: the error is of the order of u, not of float32's 2^-24
     assert ((c - exact).abs() / (a.double().abs() @ b.double().abs())).max().item() > U / 8
+
+
+# edge operands (a row, a column) and the product the board gives in the program's dtype: bfloat16 values
+# outside half's exponent range flush below 2^-30 (2^-33 * 2^33 -> 0) and clamp above its largest normal
+# (2^40 * 2^-30 -> LARGEST_NORMAL * 2^-30; both were kept); float16's largest, 65504, is 65536 in half,
+# which float16 cannot hold: the operand stays 65504 (it became inf)
+HALF_EDGES = {
+    torch.float16: ([65504.0], [0.25], 65504.0 * 0.25),
+    torch.bfloat16: ([2.0 ** -33, 2.0 ** 40, 1.0], [2.0 ** 33, 2.0 ** -30, 1.0], LARGEST_NORMAL * 2.0 ** -30 + 1.0),
+}
+
+
+@pytest.mark.parametrize("dtype", list(HALF_EDGES))
+def test_16_bit_matmul_reads_its_operands_in_half(sim, dtype):
+    """Under the 'float' policy a matmul of 16-bit tensors reads its operands in half and accumulates in
+    float32. Reference: the float64 product of the operands rounded by ``ref_round_half``, rounded once to
+    ``dtype``; at the edges of the formats, the products above."""
+    g = torch.Generator().manual_seed(6)
+    a, b = torch.randn(8, 32, generator=g).to(dtype), torch.randn(32, 4, generator=g).to(dtype)
+    row, col, product = HALF_EDGES[dtype]
+    ea, eb = torch.tensor([row], dtype=dtype), torch.tensor(col, dtype=dtype)[:, None]
+    mncore.init("emu2")
+    c, edge = (a.mncore() @ b.mncore()).cpu(), (ea.mncore() @ eb.mncore()).cpu()
+    assert (c.dtype, edge.dtype) == (dtype, dtype)
+    torch.testing.assert_close(c, (ref_round_half(a.double()) @ ref_round_half(b.double())).to(dtype))
+    torch.testing.assert_close(edge, torch.tensor([[product]], dtype=torch.float64).to(dtype), rtol=0, atol=0)
 
 
 def test_half_elementwise_kernel_rounds_inputs_and_output_only(sim):

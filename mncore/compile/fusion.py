@@ -56,6 +56,8 @@ _COMPLEX = {
 _ELEMENTWISE_FACTORIES = {"full", "zeros", "ones", "empty", "empty_strided", "scalar_tensor", "arange", "full_like",
                           "zeros_like", "ones_like", "empty_like", "rand", "randn", "rand_like", "randn_like",
                           "bernoulli", "native_dropout", "native_dropout_backward", "fill", "masked_fill", "where"}
+# pointwise, though PyTorch does not tag them so (traced whole: trace/register.py FUSED_ON_CPU)
+_ELEMENTWISE_UNTAGGED = {"mish_backward"}
 
 
 def base_op(target: Any) -> Any:
@@ -83,7 +85,8 @@ def op_class(target: Any) -> str:
         return "injective"
     if name in _REDUCTION:
         return "reduction"
-    if torch.Tag.pointwise in op.tags or name in _ELEMENTWISE_FACTORIES or name.startswith("_foreach_") or getattr(target, "custom", None):
+    if (torch.Tag.pointwise in op.tags or name in _ELEMENTWISE_FACTORIES or name in _ELEMENTWISE_UNTAGGED
+            or name.startswith("_foreach_") or getattr(target, "custom", None)):
         return "elementwise"
     return "opaque"
 

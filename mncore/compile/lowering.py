@@ -18,8 +18,9 @@ aten = torch.ops.aten
 
 
 def _histc_any_dtype(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:
-    """CPU's histc has no integer kernel (CUDA's does): count in float64, return the input's dtype."""
-    if x.is_floating_point():
+    """CPU's histc has no integer kernel (CUDA's does): count in float64, return the input's dtype. No kernel
+    takes bool: that raises eager's own error."""
+    if x.is_floating_point() or x.dtype == torch.bool:
         return aten.histc.default(x, bins, min, max)
     return aten.histc.default(x.double(), bins, min, max).to(x.dtype)
 
@@ -32,12 +33,48 @@ def _pdist_backward_of_no_rows(grad: torch.Tensor, x: torch.Tensor, p: float, pd
     return aten._pdist_backward.default(grad, x, p, pdist)
 
 
+def _on_dense_copies(op: Any) -> Callable:
+    """CPU's fused optimizer kernels (``_fused_adam_``, ...) index every tensor as if it were contiguous,
+    so a transposed parameter or a strided gradient is updated with the wrong elements (eager's too).
+    Run them on dense copies and write what the op writes back through the original strides."""
+    written = {a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    positions = [a.name for a in op._schema.arguments]
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        back: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+        def dense(x: Any, write: bool) -> Any:
+            if isinstance(x, (list, tuple)):
+                return type(x)(dense(a, write) for a in x)
+            if isinstance(x, torch.Tensor) and not x.is_contiguous():
+                copy = x.contiguous()
+                if write:
+                    back.append((x, copy))
+                return copy
+            return x
+
+        res = op(*[dense(a, name in written) for a, name in zip(args, positions)],
+                 **{k: dense(v, k in written) for k, v in kwargs.items()})
+        for original, copy in back:
+            original.copy_(copy)
+        return res
+
+    run.__name__ = f"{op._schema.name.split('::')[-1]}_on_dense_copies"
+    return run
+
+
+_FUSED_OPTIMIZERS = [getattr(getattr(aten, name), overload)
+                     for name in ("_fused_adam_", "_fused_adamw_", "_fused_sgd_", "_fused_adagrad_",
+                                  "_fused_adam", "_fused_adamw", "_fused_sgd", "_fused_adagrad")
+                     for overload in ("default", "tensor_lr") if hasattr(getattr(aten, name), overload)]
+
 _BUILTIN: dict[Any, Callable] = {
     aten.view.default: aten.reshape.default,
     aten._unsafe_view.default: aten.reshape.default,
     aten.histc.default: _histc_any_dtype,
     aten._pdist_backward.default: _pdist_backward_of_no_rows,
     **LAZY_BIT_VIEWS,
+    **{op: _on_dense_copies(op) for op in _FUSED_OPTIMIZERS},
 }
 _overrides: dict[Any, Callable] = {}
 _version = [0]
@@ -48,13 +85,14 @@ def lower(target: Any) -> Any:
     without a functional twin is traced as a ``MutateFn`` around it: an override of the op replaces the
     kernel inside, so it applies there too."""
     if isinstance(target, MutateFn):
-        fn = _overrides.get(target.op)
+        fn = _overrides.get(target.op) or _BUILTIN.get(target.op)
         return target if fn is None else target.with_op(fn)
     return _overrides.get(target) or _BUILTIN.get(target, target)
 
 
 def register_lowering(target: Any, fn: Callable) -> None:
-    """Run ``fn`` instead of the aten overload ``target`` in graphs compiled from now on."""
+    """Run ``fn`` instead of the aten overload ``target`` in graphs compiled from now on (and where lazy mode
+    runs ``target`` eagerly, e.g. ops whose output shape depends on values)."""
     if not isinstance(target, torch._ops.OpOverload):
         raise TypeError(f"register_lowering needs an aten op overload such as torch.ops.aten.mul.Tensor, got {target!r}")
     if not callable(fn):

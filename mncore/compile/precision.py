@@ -16,7 +16,10 @@ Autocast (``torch.autocast('mncore', dtype=torch.bfloat16 | torch.float16)``) ma
 formats: a matmul/conv/attention whose floating operands are all 16-bit (the autocast dtype) runs as
 the device runs half matmuls under ``mixed``: operands in MN-Core half, float32 accumulation, and
 the half rate in the cost model (``half_operands``). bfloat16 values are already exact in 1-6-9's
-mantissa; float16 operands lose their last mantissa bit.
+mantissa but not in its exponent range (below 2^-30 they flush, above about 4.3e9 they clamp); float16
+operands lose their last mantissa bit. Operands keep their dtype, so the kernel's own dtype checks
+still apply; a value the 16-bit dtype cannot hold becomes the nearest it can (float16's largest, 65504,
+is 65536 in half and stays 65504).
 
 Rounding to a format rounds the mantissa to nearest-even, flushes magnitudes below the smallest
 normal to zero (no subnormals) and clamps finite values to the largest normal. NaN and Inf are
@@ -34,6 +37,7 @@ from mncore.ir.meta import TensorMeta
 from mncore.sim.hardware import hardware
 
 _MANTISSA_BITS = {torch.float64: 52, torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}
+_EXPONENT_BITS = {torch.float64: 11, torch.float32: 8, torch.float16: 5, torch.bfloat16: 8}
 
 
 def check_policy(name: str) -> str:
@@ -80,10 +84,13 @@ def round_to_format(x: torch.Tensor, fmt: str) -> torch.Tensor:
         return x
     spec = hardware().formats[fmt]
     man, exp = spec["mantissa_bits"], spec["exponent_bits"]
-    if man >= _MANTISSA_BITS.get(x.dtype, 0):
+    if man >= _MANTISSA_BITS.get(x.dtype, 0) and exp >= _EXPONENT_BITS.get(x.dtype, 0):
         return x
-    if x.dtype == torch.float16:  # the format's limits overflow float16 scalars: round in float32
-        return round_to_format(x.float(), fmt).half()
+    if x.dtype.itemsize == 2:  # round in float32 (the format's limits overflow 16-bit scalars); the tensor
+        # keeps its dtype, which holds the nearest value it can (float16's 65504 is 65536 in half: it stays)
+        limit = torch.finfo(x.dtype).max
+        y = round_to_format(x.float(), fmt)
+        return torch.where(torch.isfinite(y), y.clamp(-limit, limit), y).to(x.dtype)
     m, e = torch.frexp(x)
     scale = float(2 ** (man + 1))
     y = torch.ldexp(torch.round(m * scale) / scale, e)

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from mncore.compile.lowering import lower
 from mncore.config import settings
 from mncore.errors import ImplicitSyncError, ImplicitSyncWarning, NotCompilableError, layout_error
 from mncore.ir.meta import meta_of
@@ -118,7 +119,7 @@ def fallback(info: Any, func: Any, args: tuple, kwargs: dict, why: str) -> Any:
     if tracer.recording is not None:
         tracer.recording.refuse(f"{info.name} runs eagerly on the host (its output shape depends on values)")
     real_args, real_kwargs = realize_all(args, kwargs, f"{info.name} (data-dependent shape)")
-    out = func(*real_args, **real_kwargs)
+    out = lower(func)(*real_args, **real_kwargs)  # the kernel a graph would run (substitutes, overrides)
     if static:
         host_fallback.count_transfers((real_args, real_kwargs), out)
 

@@ -140,29 +140,56 @@ def _cpu_shapes(target: Any, margs: list, mkw: dict, out: Any) -> Any:
 _PER_PARAMETER_LISTS = {"_fused_adam": 5, "_fused_adamw": 5, "_fused_sgd": 3, "_fused_adagrad": 3}
 
 
-def _check_per_parameter_lists(target: Any, margs: list, mkw: dict) -> None:
-    """A fused optimizer step whose lists do not match its parameters is refused here: eager's kernels do
-    not check them, and read past a smaller tensor or crash the process (found by fuzzing)."""
+def _unsafe_sizes(target: Any, args: list, kwargs: dict) -> str:
+    """Why ``target``'s CPU kernel cannot run ``args`` safely ('' when it can): some CPU kernels trust their
+    arguments' sizes and read or write past a smaller tensor until the process dies, eager's too (found by
+    fuzzing). mncore refuses such a call at the op."""
     op = target.op if isinstance(target, MutateFn) else target
-    name = getattr(op, "__name__", "").split(".")[0].rstrip("_")
+    name = getattr(op, "__name__", "")
+    return _unmatched_list(op, name, args, kwargs) or _short_argument(name, args)
+
+
+def _unmatched_list(op: Any, name: str, args: list, kwargs: dict) -> str:
+    """A fused optimizer step whose gradient or state lists do not match its parameters."""
+    name = name.split(".")[0].rstrip("_")
     n = _PER_PARAMETER_LISTS.get(name)
     if n is None:
-        return
+        return ""
     names = [a.name for a in op._schema.arguments]
-    lists = [margs[i] if i < len(margs) else mkw.get(names[i]) for i in range(n)]
+    lists = [args[i] if i < len(args) else kwargs.get(names[i]) for i in range(n)]
     params = lists[0]
     for i in range(1, n):
         tensors = lists[i]
         if not tensors:  # an unused list (max_exp_avg_sqs without amsgrad, no momentum buffers yet)
             continue
         if len(tensors) != len(params):
-            raise RuntimeError(f"mncore: {name}_: {names[i]} holds {len(tensors)} tensors for {len(params)} "
-                               "parameters; pass one per parameter")
+            return f"mncore: {name}_: {names[i]} holds {len(tensors)} tensors for {len(params)} parameters; pass one per parameter"
         for j, (p, t) in enumerate(zip(params, tensors)):
             if t.shape != p.shape:
-                raise RuntimeError(f"mncore: {name}_: {names[i]}[{j}] has shape {list(t.shape)} but its parameter "
-                                   f"{names[0]}[{j}] has {list(p.shape)}; each list holds one tensor per parameter, "
-                                   "shaped like it")
+                return (f"mncore: {name}_: {names[i]}[{j}] has shape {list(t.shape)} but its parameter {names[0]}[{j}] "
+                        f"has {list(p.shape)}; each list holds one tensor per parameter, shaped like it")
+    return ""
+
+
+def _short_argument(name: str, args: list) -> str:
+    """An argument holding fewer values than the kernel reads from it (more are read as eager reads them)."""
+    if name == "_pdist_backward.default" and len(args) >= 4:
+        grad, x, _, pdist = args[:4]
+        rows = x.shape[0] if x.dim() == 2 else 0
+        pairs = rows * (rows - 1) // 2  # one distance per pair of rows
+        reads = [("grad", grad.numel(), pairs), ("pdist", pdist.numel(), pairs)]
+    elif name == "_weight_norm_interface_backward.default" and len(args) >= 5:
+        grad_w, v, g, norms, dim = args[:5]
+        slices = v.shape[dim] if v.dim() and -v.dim() <= dim < v.dim() else 1  # one norm per slice along dim
+        reads = [("grad_w", grad_w.numel(), v.numel()), ("saved_g", g.numel(), slices),
+                 ("saved_norms", norms.numel(), slices)]
+    else:
+        return ""
+    for arg, has, needed in reads:
+        if has < needed:
+            return (f"mncore: {name.split('.')[0]}: {arg} holds {has} values, but the kernel reads {needed} for these "
+                    "inputs; pass the tensors the forward op returned")
+    return ""
 
 
 class FallbackNeeded(Exception):
@@ -174,7 +201,9 @@ def _infer(target: Any, targs: tuple, tkw: tuple, inputs: list, sigs: list) -> t
     margs = [_materialize(a, it, sit) for a in targs]
     mkw = {k: _materialize(v, it, sit) for k, v in tkw}
     own = _OWN_SHAPE_RULES.get(getattr(target, "__name__", ""))
-    _check_per_parameter_lists(target, margs, mkw)
+    unsafe = _unsafe_sizes(target, margs, mkw)
+    if unsafe:
+        raise RuntimeError(unsafe)
     try:
         out = target(*margs, **mkw) if own is None else own(*margs, **mkw)
     except NotImplementedError as e:

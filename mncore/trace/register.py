@@ -116,6 +116,20 @@ def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
     return dst
 
 
+# Ops with a fused CPU/CUDA kernel and a CompositeImplicitAutograd fallback. Without a kernel of its own,
+# mncore would get the fallback's steps, each rounded to a 16-bit input's dtype, where CPU computes in
+# float32 and rounds once (bfloat16 SiLU/Mish gradients then differ from eager's by several ulps).
+FUSED_ON_CPU = ("silu_backward", "mish_backward")
+
+
+def _traced_whole(op: Any) -> Any:
+    """A PrivateUse1 kernel that sends ``op`` to the tracer as one op (its registration is what stops the
+    decomposition; tensors reach it through ``__torch_dispatch__`` first)."""
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        return LazyTensor.__torch_dispatch__(op, (), args, kwargs)
+    return kernel
+
+
 def _no_pinning_for_mncore() -> None:
     """``DataLoader(pin_memory=True)`` pins for the current accelerator, which is ``mncore`` once it is
     registered. Its device buffers are host memory, so there is nothing to pin: skip pinning for it, as
@@ -172,6 +186,8 @@ def register() -> None:
             name += "." + op._schema.overload_name
         _lib.impl(name, factory(op), "PrivateUse1")
     _lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    for name in FUSED_ON_CPU:
+        _lib.impl(name, _traced_whole(getattr(aten, name).default), "PrivateUse1")
     _lib.impl("_to_copy", upload_kernel, "PrivateUse1")
     _lib.impl("matmul", _matmul, "AutogradPrivateUse1")
     _lib.impl("_thnn_fused_lstm_cell", _fused_lstm_cell, "AutogradPrivateUse1")

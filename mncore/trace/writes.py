@@ -5,6 +5,7 @@ back into the base op by op (``views.inverse``), the functionalization rule PyTo
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -13,11 +14,12 @@ from mncore.errors import ImplicitSyncError
 from mncore.ir import ops as opinfo
 from mncore.ir.meta import TensorMeta
 from mncore.ir.targets import MutateFn
-from mncore.ir.values import Data
+from mncore.ir.values import Data, describe_site
 from mncore.trace import views
 from mncore.trace.host import fallback, realize_all
 from mncore.trace.infer import FallbackNeeded
 from mncore.trace.record import describe_host, emit1, new_tensor, record
+from mncore.trace.sites import user_site
 from mncore.trace.state import tracer
 from mncore.trace.tensor import LazyTensor, RefArg
 
@@ -51,11 +53,9 @@ def write(target: LazyTensor, ref: tuple, meta: TensorMeta, what: str = "") -> N
         except RuntimeError:
             ok = False
         if not ok:
-            hint = (" (an out= tensor cannot be resized on mncore: lazy tensors have static shapes; allocate it "
-                    "with the result's shape or use the functional form)" if target.mn_meta.shape == (0,) else "")
             raise RuntimeError(
                 f"output with shape {list(tm.shape)} doesn't match the broadcast shape {list(meta.shape)}"
-                + (f" ({what})" if what else "") + hint
+                + (f" ({what})" if what else "")
             )
         ref, meta = emit1(aten.expand.default, (RefArg(ref, meta), list(tm.shape)), {})
         ref, meta = emit1(aten.clone.default, (RefArg(ref, meta),), {})
@@ -110,6 +110,23 @@ def _with_defaults(func: Any, args: tuple, kwargs: dict) -> tuple:
     return tuple(args) + tuple(extra) if extra else args
 
 
+def _resize_outs(name: str, outs: list, metas: list) -> None:
+    """out= tensors take their result's shape, as eager resizes them: silently when they hold no elements
+    (``out=torch.empty(0)``), with a warning otherwise (PyTorch deprecates that). Writing the result into
+    the old shape instead would broadcast it, or leave an empty out= tensor empty."""
+    for t, m in zip(outs, metas):
+        if t is None or m is None or t.mn_meta.shape == m.shape:
+            continue
+        if t.numel():
+            site = user_site() or ("<unknown>", 0, "")
+            warnings.warn_explicit(
+                f"mncore: {name} at {describe_site(site)}: an out= tensor of shape {list(t.mn_meta.shape)} was "
+                f"resized to the result's shape {list(m.shape)}; PyTorch deprecates resizing an out= tensor that "
+                "has elements: pass one of the result's shape, or resize it to zero elements first (t.resize_(0))",
+                UserWarning, site[0], site[1])
+        t.resize_(list(m.shape))
+
+
 def mutating(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     """In-place and out= ops: trace the functional twin (or clone-mutate-return) and write back."""
     targets = _mutated_targets(info, args, kwargs)
@@ -123,6 +140,8 @@ def mutating(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
             node = record(opinfo.info_for(info.functional), info.functional, fargs, fkw)
         except FallbackNeeded as e:
             return fallback(info, func, args, kwargs, str(e))
+        if info.out_names:
+            _resize_outs(info.name, targets, node.sig.metas)
         if node.sig.struct is None:
             write(targets[0], (node, 0), node.sig.metas[0], info.name)
         else:
