@@ -445,3 +445,183 @@ def test_gradient_that_eager_computes_differently_on_strided_inputs_is_layout_se
     assert not torch.allclose(strided[0], dense[0])
     res = run_case(case, context=_context(), codegen_dir=str(tmp_path))
     assert (res["status"], res["checks"]["grad_vs_eager"]) == ("pass", "layout-sensitive"), res
+
+
+# Found fuzzing mncore2:auto: a float16 matmul whose terms cancel; the board reads float16 operands in
+# its half format (one mantissa bit fewer), so it differs from eager by more than twice eager's error.
+_F16_MM_CANCELS = {
+    "op": "aten.mm.default",
+    "args": [{"contiguous": False, "dtype": "float32", "range": [-0.456735, 0.296436], "shape": [4, 2],
+              "stride": [1, 4], "t": "tensor"},
+             {"dtype": "float32", "range": [-2.316042, 2.689253], "shape": [2, 48], "t": "tensor",
+              "contiguous": True, "stride": [48, 1]}],
+    "kwargs": {}, "mutations": [{"kind": "dtype", "from": "float32", "to": "float16", "by": "fuzz"},
+                                {"kind": "resize", "from": 48, "to": 1, "by": "shrink"}],
+    "value_seed": 1702467744, "row": "aten.mm.default[f32(4,2)nc|f32(2,48)]", "index": 1508,
+}
+
+
+# The same on a batch holding an inf: eager's inf comes back, the finite elements differ by the format.
+_F16_BMM_WITH_INF = {
+    "op": "aten.bmm.default",
+    "args": [{"dtype": "float32", "range": [-0.526204, 0.495763], "shape": [32, 1, 16], "t": "tensor",
+              "contiguous": True, "stride": [16, 16, 1]},
+             {"dtype": "float32", "range": [-0.524317, 0.582448], "shape": [32, 16, 1], "stride": [16, 1, 64],
+              "t": "tensor", "contiguous": True}],
+    "kwargs": {}, "mutations": [{"kind": "dtype", "from": "float32", "to": "float16", "by": "fuzz"},
+                                {"kind": "values", "arg": "a1", "dist": "inf", "by": "fuzz"},
+                                {"kind": "resize", "from": 16, "to": 1, "by": "shrink"},
+                                {"kind": "resize", "from": 32, "to": 16, "by": "shrink"},
+                                {"kind": "resize", "from": 16, "to": 8, "by": "shrink"}],
+    "value_seed": 1383214328, "row": "aten.bmm.default[f32(32,1,16)|f32(32,16,1)]", "index": 12992,
+}
+
+
+# A 16-bit _grouped_mm: the op has no float64 kernel, so its board reference runs in float32.
+_F16_GROUPED_MM = {
+    "op": "aten._grouped_mm.default",
+    "args": [{"dtype": "float32", "range": [-3.416804, 3.059628], "shape": [64, 32], "t": "tensor",
+              "contiguous": True, "stride": [32, 1]},
+             {"contiguous": False, "dtype": "float32", "range": [-0.076889, 0.084343], "shape": [4, 32, 64],
+              "stride": [2048, 1, 32], "t": "tensor"},
+             {"dtype": "int32", "range": [11, 64], "shape": [4], "t": "tensor", "contiguous": True, "stride": [1]}],
+    "kwargs": {}, "mutations": [{"kind": "dtype", "from": "float32", "to": "float16", "by": "fuzz"},
+                                {"kind": "resize", "from": 64, "to": 32, "by": "shrink"},
+                                {"kind": "resize", "from": 32, "to": 16, "by": "shrink"},
+                                {"kind": "resize", "from": 16, "to": 8, "by": "shrink"},
+                                {"kind": "resize", "from": 4, "to": 1, "by": "shrink"},
+                                {"kind": "values", "arg": "a0", "dist": "simple", "by": "shrink"}],
+    "value_seed": 429698566, "row": "aten._grouped_mm.default[f32(64,32)|f32(4,32,64)nc|i32(4)]", "index": 7905,
+}
+
+
+def _emu2_context() -> Any:
+    import mncore
+    from mncore.context import Context, MNDevice
+
+    mncore.init("emu2", implicit_sync="silent")
+    ctx = Context(MNDevice("emu2"))
+    Context.switch_context(ctx)
+    return ctx
+
+
+def test_board_format_explains_a_16_bit_matmul_and_a_wrong_rounding_is_still_found(sim_env, tmp_path: Path) -> None:
+    """On a simulated board, a 16-bit matmul within twice eager's error of a float64 run on operands rounded
+    to the board's half format is ``board-format``, not a finding. The premise is checked (plain noise
+    filtering does not pass it), and an emulation that rounds operands to 7 mantissa bits instead of 9 is
+    still a mismatch. Where an input holds an inf, eager's inf must come back and the finite elements are
+    judged alike; an op without a float64 kernel (``_grouped_mm``) is judged against float32."""
+    import mncore.devices.emu2 as emu2
+    from harness.fuzz.oracles import eager_call, is_noise, lazy_call, to_double
+
+    case = Case.from_json(_F16_MM_CANCELS)
+    ctx = _emu2_context()
+    args, kwargs = case.build_inputs()
+    op = resolve_op(case.op)
+    got, want = lazy_call(op, args, kwargs)[0], eager_call(op, args, kwargs)[0]
+    assert not is_noise(got, want, lambda: op(*to_double(args)))
+    res = run_case(case, context=ctx, codegen_dir=str(tmp_path))
+    assert res["status"] == "pass", res
+    assert res["checks"]["lazy_vs_eager"] == res["checks"]["grad_vs_eager"] == "board-format", res
+    with_inf, grouped = Case.from_json(_F16_BMM_WITH_INF), Case.from_json(_F16_GROUPED_MM)
+    assert not torch.isfinite(with_inf.build_inputs()[0][1]).all()
+    for explained in (with_inf, grouped):
+        res = run_case(explained, context=ctx, codegen_dir=str(tmp_path))
+        assert (res["status"], res["checks"]["lazy_vs_eager"]) == ("pass", "board-format"), res
+    sim_env.setattr(emu2, "_half_operand", lambda x: x.bfloat16().to(x.dtype)
+                    if isinstance(x, torch.Tensor) and x.is_floating_point() else x)
+    for wrong in (case, with_inf, grouped):
+        res = run_case(wrong, context=ctx, codegen_dir=str(tmp_path))
+        assert (res["status"], res.get("kind", "").split("_")[-1], res.get("oracle")) == (
+            "fail", "mismatch", "lazy_vs_eager"), res
+
+
+def test_board_format_rounding_is_the_boards_and_applies_only_where_the_board_rounds(sim_env) -> None:
+    """The fuzzer's own rounding (bit arithmetic) agrees with known half values and with mncore's
+    (``frexp``), and the format applies to matmul-class ops on 16-bit operands on a simulated board only."""
+    import mncore
+    from harness.fuzz.board_format import operand_format, round_to
+    from mncore.compile.precision import round_to_format
+
+    spec = {"mantissa_bits": 9, "exponent_bits": 6}
+    x = torch.tensor([1 + 2 ** -10, 1 + 3 * 2 ** -10, -(1 + 2 ** -9), 2.0 ** -31, 2.0 ** 40, float("inf"), 0.0])
+    want = torch.tensor([1.0, 1 + 2 ** -8, -(1 + 2 ** -9), 0.0, (2 - 2 ** -9) * 2.0 ** 31, float("inf"), 0.0])
+    torch.testing.assert_close(round_to(x, spec), want.double(), rtol=0, atol=0)
+    g = torch.Generator().manual_seed(0)
+    y = torch.randn(5000, generator=g) * torch.exp2(torch.randint(-40, 40, (5000,), generator=g).float())
+    torch.testing.assert_close(round_to(y, spec), round_to_format(y, "half").double(), rtol=0, atol=0)
+    a16, a32 = torch.ones(2, 2, dtype=torch.float16), torch.ones(2, 2)
+    mm, add = torch.ops.aten.mm.default, torch.ops.aten.add.Tensor
+    mncore.init("pfvm:cpu")
+    assert operand_format(mm, [a16, a16], {}) is None
+    mncore.init("emu2")
+    assert operand_format(mm, [a16, a16], {})["mantissa_bits"] == 9
+    assert operand_format(mm, [a32, a32], {}) is None and operand_format(add, [a16, a16], {}) is None
+    mncore.init("emu2", float_dtype="mixed")
+    assert operand_format(mm, [a32, a32], {}) is not None
+
+
+# Found fuzzing mncore2:auto: the gradient of pdist of an input with no rows; CPU's _pdist_backward divides
+# by zero and the process dies (eager's own reference; mncore's gradient is the empty one).
+_PDIST_NO_ROWS = {
+    "op": "aten._pdist_forward.default",
+    "args": [{"dtype": "float32", "range": [-1.543093, 1.537221], "shape": [2, 16], "t": "tensor",
+              "contiguous": True, "stride": [16, 1]}],
+    "kwargs": {}, "mutations": [{"kind": "resize", "from": 2, "to": 0, "by": "fuzz"},
+                                {"kind": "values", "arg": "a0", "dist": "simple", "by": "shrink"}],
+    "value_seed": 1434873344, "row": "aten._pdist_forward.default[f32(2,16)]", "index": 16331,
+}
+
+
+# Found fuzzing mncore2:auto: _pdist_backward of a 2-row input (one pair) with an empty gradient and pdist.
+_PDIST_BACKWARD = {
+    "op": "aten._pdist_backward.default",
+    "args": [{"dtype": "float32", "range": [-1.0, 1.0], "shape": [0], "t": "tensor", "contiguous": True, "stride": [1]},
+             {"dtype": "float32", "range": [-1.0, 1.0], "shape": [2, 1], "t": "tensor", "contiguous": True,
+              "stride": [1, 1]},
+             {"t": "float", "v": 2.0},
+             {"dtype": "float32", "range": [0.0, 1.0], "shape": [0], "t": "tensor", "contiguous": True, "stride": [1]}],
+    "kwargs": {}, "mutations": [], "value_seed": 7, "row": "aten._pdist_backward.default[f32(1)|f32(2,1)|2.0|f32(1)]",
+    "index": 0,
+}
+
+
+def test_a_crash_of_eagers_reference_gradient_is_a_skip_not_a_finding(tmp_path: Path) -> None:
+    """The gradient oracle computes eager's reference in its own phase: the worker dying there is eager's
+    crash (a skip), as in the forward's eager phase; the case's forward oracles had passed."""
+    from harness.fuzz.worker import Worker
+
+    assert Case.from_json(_PDIST_NO_ROWS).build_inputs()[0][0].shape == (0, 16)
+    worker = Worker("pfvm:cpu", None, tmp_path / "worker.log", case_timeout=60)
+    try:
+        res = worker.run(_PDIST_NO_ROWS)
+    finally:
+        worker.close()
+    assert res["status"] == "skip" and res["message"].startswith("eager reference crash"), res
+    assert "phase eager_grad" in res["message"], res
+
+
+def test_cases_eagers_kernel_cannot_run_safely_are_skipped_before_it_runs(tmp_path: Path) -> None:
+    """CPU's fused optimizer kernels and ``_pdist_backward`` trust their operands' sizes: given a smaller
+    tensor they read or write past it and the worker dies later, in whatever phase runs next (found fuzzing:
+    heap corruption reported in the lazy phase). No eager reference exists, so such a case is skipped
+    before eager runs (mncore refuses it: ``tests/test_op_gaps.py``); a well-formed one is not."""
+    case = Case.from_json(_PDIST_BACKWARD)
+    res = run_case(case, context=None, codegen_dir=str(tmp_path))
+    assert res["status"] == "skip" and res["message"].startswith("reference undefined: _pdist_backward: the "
+                                                                  "gradient or pdist holds fewer than"), res
+    assert res["checks"] == {} and "eager" not in res["timings"], res
+    fine = json.loads(json.dumps(_PDIST_BACKWARD).replace('"shape": [0]', '"shape": [1]'))
+    res = run_case(Case.from_json(fine), context=None, codegen_dir=str(tmp_path))
+    assert not res.get("message", "").startswith("reference undefined"), res
+    from harness.fuzz.oracles import unsafe_for_eager
+
+    adam, params = torch.ops.aten._fused_adam_.default, [torch.zeros(4, 16), torch.zeros(4)]
+    lists = [params] + [[torch.zeros_like(p) for p in params] for _ in range(3)] + [[]]
+    assert unsafe_for_eager(adam, lists) == ""
+    lists[2] = [torch.zeros(4, 16), torch.zeros(1)]
+    assert "list 2 does not hold one tensor per parameter" in unsafe_for_eager(adam, lists)
+    norm_backward = torch.ops.aten._weight_norm_interface_backward.default
+    v = torch.zeros(3, 2, 4)
+    assert unsafe_for_eager(norm_backward, [v, v, torch.zeros(1, 1, 4), torch.zeros(1, 1, 4), 2]) == ""
+    assert unsafe_for_eager(norm_backward, [v, v, torch.zeros(0, 0, 1), torch.zeros(0, 0, 1), 2])
