@@ -394,8 +394,8 @@ def test_fused_optimizer_step_follows_strides_where_cpus_kernel_does_not(name):
 def test_pdist_backward_with_fewer_gradient_values_than_pairs_is_refused_not_a_crash():
     """Found by fuzzing: CPU's ``_pdist_backward`` reads past a gradient or ``pdist`` holding fewer values than
     pairs of rows and the process dies (eager's too, so no eager reference here): mncore refuses the call,
-    naming both counts. Likewise ``_weight_norm_interface_backward`` with norms of no elements. Matching sizes, and more values than pairs (eager reads the first), give eager's
-    gradient."""
+    naming both counts. Likewise ``_weight_norm_interface_backward`` with norms of no elements. Matching
+    sizes, and more values than pairs (eager reads the first), give eager's gradient."""
     x = torch.randn(3, 2)
     with pytest.raises(RuntimeError, match=r"grad holds 2 values, but the kernel reads 3"):
         torch.ops.aten._pdist_backward.default(torch.ones(2).to("mncore"), x.to("mncore"), 2.0,

@@ -421,6 +421,7 @@ def test_16_bit_matmul_reads_its_operands_in_half(sim, dtype):
     c, edge = (a.mncore() @ b.mncore()).cpu(), (ea.mncore() @ eb.mncore()).cpu()
     assert (c.dtype, edge.dtype) == (dtype, dtype)
     torch.testing.assert_close(c, (ref_round_half(a.double()) @ ref_round_half(b.double())).to(dtype))
+    # exact: the edge products are powers of two times representable values, summed without rounding
     torch.testing.assert_close(edge, torch.tensor([[product]], dtype=torch.float64).to(dtype), rtol=0, atol=0)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+from torch.utils import _pytree as pytree
 
 import mncore
 
@@ -39,22 +40,13 @@ def operand_format(op: Any, args: list, kwargs: dict) -> dict | None:
     settings = mncore.config.current()
     if not settings.simulated or not _on_matrix_unit(op):
         return None
-    floats = [t.dtype for t in _tensors([args, kwargs]) if t.is_floating_point()]
+    leaves = pytree.tree_leaves((args, kwargs))
+    floats = [t.dtype for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
     if not floats:
         return None
     if settings.float_dtype in _ROUNDING_POLICIES or all(d.itemsize == 2 for d in floats):
         return HALF
     return None
-
-
-def _tensors(x: Any) -> list[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for a in x for t in _tensors(a)]
-    if isinstance(x, dict):
-        return [t for a in x.values() for t in _tensors(a)]
-    return []
 
 
 def round_to(x: torch.Tensor, spec: dict) -> torch.Tensor:
@@ -69,9 +61,8 @@ def round_to(x: torch.Tensor, spec: dict) -> torch.Tensor:
     drop = 23 - man  # float32 mantissa bits the format does not keep
     bits = x.float().view(torch.int32).long()  # int64: the rounding carry may pass bit 31
     keep = (bits >> drop) & 1
-    bits = (bits + (1 << (drop - 1)) - 1 + keep) >> drop << drop
-    y = (bits & 0xFFFFFFFF).to(torch.int64)
-    y = torch.where(y >= 2**31, y - 2**32, y).to(torch.int32).view(torch.float32).double()
+    bits = ((bits + (1 << (drop - 1)) - 1 + keep) >> drop << drop) & 0xFFFFFFFF
+    y = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32).view(torch.float32).double()
     bias = 2 ** (exp - 1) - 1
     largest = (2.0 - 2.0 ** -man) * 2.0 ** bias
     y = torch.where(y.abs() < 2.0 ** (1 - bias), torch.zeros_like(y), y.clamp(-largest, largest))
@@ -82,15 +73,11 @@ def round_to(x: torch.Tensor, spec: dict) -> torch.Tensor:
 
 def rounded(x: Any, spec: dict, dtype: torch.dtype = torch.float64) -> Any:
     """Float tensors in ``x`` (nested lists, dicts) rounded to ``spec`` and held in ``dtype``."""
-    if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float64:
-        return round_to(x, spec).to(dtype)
-    if isinstance(x, list):
-        return [rounded(a, spec, dtype) for a in x]
-    if isinstance(x, tuple):
-        return tuple(rounded(a, spec, dtype) for a in x)
-    if isinstance(x, dict):
-        return {k: rounded(v, spec, dtype) for k, v in x.items()}
-    return x
+    def one(t: Any) -> Any:
+        low = isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+        return round_to(t, spec).to(dtype) if low else t
+
+    return pytree.tree_map(one, x)
 
 
 def board_reference(run: Callable[[list, dict], Any], args: list, kwargs: dict, spec: dict) -> Any:

@@ -476,7 +476,8 @@ def run_case(case: Case, context: Any, codegen_dir: str, phase: Callable[[str], 
 
     unsafe = unsafe_for_eager(op, args)
     if unsafe:
-        return dict(res, status="skip", message=f"reference undefined: {unsafe} (eager's kernel reads or writes past it)")
+        return dict(res, status="skip",
+                    message=f"reference undefined: {unsafe} (eager's kernel reads or writes past it)")
     phase("eager")
     t0 = time.perf_counter()
     try:

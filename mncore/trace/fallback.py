@@ -11,7 +11,6 @@ The pfvm devices run the same ops eagerly on their execution device, silently.
 """
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
@@ -20,7 +19,7 @@ from mncore.config import settings
 from mncore.errors import HostFallbackWarning, StaticShapeError
 from mncore.ir.values import describe_site
 from mncore.observe import metrics
-from mncore.trace.sites import user_site
+from mncore.trace.sites import user_site, warn_at
 
 _warned: set = set()
 
@@ -51,10 +50,7 @@ def admit(op_name: str, why: str) -> None:
     _warned.add(key)
     message = (f"{what}: the pending graph is cut here and the op runs on the host (counted in fallback_ops; "
                "shown once per call site; init(fallback='error'|'silent') changes this)")
-    if site is None:
-        warnings.warn(message, HostFallbackWarning, stacklevel=2)
-    else:
-        warnings.warn_explicit(message, HostFallbackWarning, site[0], site[1])
+    warn_at(site, message, HostFallbackWarning)
 
 
 def _nbytes(x: Any) -> int:

@@ -163,7 +163,8 @@ def _unmatched_list(op: Any, name: str, args: list, kwargs: dict) -> str:
         if not tensors:  # an unused list (max_exp_avg_sqs without amsgrad, no momentum buffers yet)
             continue
         if len(tensors) != len(params):
-            return f"mncore: {name}_: {names[i]} holds {len(tensors)} tensors for {len(params)} parameters; pass one per parameter"
+            return (f"mncore: {name}_: {names[i]} holds {len(tensors)} tensors for {len(params)} parameters; "
+                    "pass one per parameter")
         for j, (p, t) in enumerate(zip(params, tensors)):
             if t.shape != p.shape:
                 return (f"mncore: {name}_: {names[i]}[{j}] has shape {list(t.shape)} but its parameter {names[0]}[{j}] "

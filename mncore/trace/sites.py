@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import torch
 
@@ -28,3 +29,12 @@ def user_site() -> Site | None:
         f = f.f_back
     return fileless
 
+
+
+def warn_at(site: Site | None, message: str, category: type[Warning]) -> None:
+    """A warning pointing at the user's line ``site``; without one (autograd's engine thread), at the
+    caller of the function that warns."""
+    if site is None:
+        warnings.warn(message, category, stacklevel=3)
+    else:
+        warnings.warn_explicit(message, category, site[0], site[1])

@@ -5,7 +5,6 @@ back into the base op by op (``views.inverse``), the functionalization rule PyTo
 """
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
@@ -19,7 +18,7 @@ from mncore.trace import views
 from mncore.trace.host import fallback, realize_all
 from mncore.trace.infer import FallbackNeeded
 from mncore.trace.record import describe_host, emit1, new_tensor, record
-from mncore.trace.sites import user_site
+from mncore.trace.sites import user_site, warn_at
 from mncore.trace.state import tracer
 from mncore.trace.tensor import LazyTensor, RefArg
 
@@ -118,12 +117,11 @@ def _resize_outs(name: str, outs: list, metas: list) -> None:
         if t is None or m is None or t.mn_meta.shape == m.shape:
             continue
         if t.numel():
-            site = user_site() or ("<unknown>", 0, "")
-            warnings.warn_explicit(
-                f"mncore: {name} at {describe_site(site)}: an out= tensor of shape {list(t.mn_meta.shape)} was "
-                f"resized to the result's shape {list(m.shape)}; PyTorch deprecates resizing an out= tensor that "
-                "has elements: pass one of the result's shape, or resize it to zero elements first (t.resize_(0))",
-                UserWarning, site[0], site[1])
+            site = user_site()
+            warn_at(site, f"mncore: {name} at {describe_site(site)}: an out= tensor of shape {list(t.mn_meta.shape)} "
+                          f"was resized to the result's shape {list(m.shape)}; PyTorch deprecates resizing an out= "
+                          "tensor that has elements: pass one of the result's shape, or resize it to zero elements "
+                          "first (t.resize_(0))", UserWarning)
         t.resize_(list(m.shape))
 
 
