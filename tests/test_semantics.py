@@ -1280,6 +1280,32 @@ def test_model_mncore_method_and_training_matches_eager():
     assert dev.lin2.weight is dev.lin1.weight
 
 
+def test_model_keeps_parameter_identity_off_the_device_and_back():
+    """``.cpu()``, ``.double()`` and ``.to("mncore")`` of a model on the device swap each parameter (and
+    its ``.grad``) in place, so the optimizer made before the first move keeps training it (plain SGD:
+    optimizer state does not move with the model, in PyTorch either)."""
+    ref = _Tied()
+    dev = copy.deepcopy(ref)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
+    opt_dev = torch.optim.SGD(dev.parameters(), lr=0.1)
+    params = list(dev.parameters())
+    xs = [torch.randn(6, 4, dtype=torch.float64) for _ in range(3)]
+    ref.double()
+    for m, opt, moves in ((ref, opt_ref, [None] * 3), (dev, opt_dev, ["mncore", "cpu", "mncore"])):
+        for x, where in zip(xs, moves):
+            if where is not None:
+                m.to(where, torch.float64)
+                mncore.sync()
+            opt.zero_grad(set_to_none=False)  # keep .grad, so that the moves carry it too
+            m(x.to(next(m.parameters()).device)).pow(2).mean().backward()
+            opt.step()
+            mncore.sync()
+    assert list(dev.parameters()) == params and dev.lin2.weight is dev.lin1.weight
+    assert all(p.device.type == "mncore" and p.dtype == torch.float64 for p in params)
+    assert all(p.grad is not None and p.grad.device.type == "mncore" for p in params)
+    assert_same(dict(dev.state_dict()), dict(ref.state_dict()), exact=False, rtol=1e-12, atol=1e-12)
+
+
 def test_state_dict_roundtrip():
     ref = nn.Linear(3, 2)
     dev = copy.deepcopy(ref).mncore()

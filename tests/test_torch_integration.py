@@ -61,6 +61,26 @@ def test_device_is_registered_at_import_torch():
     assert r.stdout.split() == ["True", "mncore"], r.stderr
 
 
+def test_cpu_module_conversion_and_loading_are_pytorchs_own():
+    """mncore is imported at ``import torch`` in every program of its environment, so it must not change
+    what CPU modules do. It used to turn PyTorch's global swap-on-conversion on: a parameter with a weak
+    reference then failed ``load_state_dict`` and ``.double()``, and so did the deprecated
+    ``torch.nn.utils.weight_norm``. Conversions to and from mncore swap on their own."""
+    code = (
+        "import sys, weakref, torch\n"
+        "assert 'mncore' in sys.modules\n"
+        "m = torch.nn.Linear(3, 2); ref = weakref.ref(m.weight); w = m.weight\n"
+        "m.load_state_dict({'weight': torch.ones(2, 3), 'bias': torch.zeros(2)})\n"
+        "m.double()\n"
+        "wn = torch.nn.utils.weight_norm(torch.nn.Linear(3, 2)).half()\n"
+        "print(torch.__future__.get_swap_module_params_on_conversion(), m.weight is w, m.weight.dtype,\n"
+        "      m.weight.sum().item(), wn.weight_g.dtype)\n"
+    )
+    r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "True", "torch.float64", "6.0", "torch.float16"]
+
+
 def test_dataloader_pin_memory_feeds_mncore_training():
     data = torch.utils.data.TensorDataset(torch.arange(12.0).reshape(6, 2))
     batches = [b[0] for b in torch.utils.data.DataLoader(data, batch_size=3, pin_memory=True)]

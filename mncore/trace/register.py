@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from mncore.trace import autocast, device_module
+from mncore.trace import autocast, conversion, device_module
 from mncore.trace.dispatch import factory, upload_dense, upload_kernel
 from mncore.trace.tensor import DEVICE_NAME, LazyTensor
 
@@ -201,8 +201,7 @@ def register() -> None:
     autocast.register(_lib, _fallback_lib)
     _no_pinning_for_mncore()
     device_module.register_loading()
-    # Module.to('mncore') must keep parameter identity (optimizers, tied weights): swap, don't copy.
-    torch.__future__.set_swap_module_params_on_conversion(True)
+    conversion.install()
     # Let torch.optim pick its foreach (multi-tensor) path for mncore tensors, as it does for CUDA:
     # one traced op per update step instead of one per parameter.
     import torch.optim.optimizer as optimizer_mod
