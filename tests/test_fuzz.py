@@ -625,3 +625,9 @@ def test_cases_eagers_kernel_cannot_run_safely_are_skipped_before_it_runs(tmp_pa
     v = torch.zeros(3, 2, 4)
     assert unsafe_for_eager(norm_backward, [v, v, torch.zeros(1, 1, 4), torch.zeros(1, 1, 4), 2]) == ""
     assert unsafe_for_eager(norm_backward, [v, v, torch.zeros(0, 0, 1), torch.zeros(0, 0, 1), 2])
+    # the forward writes its norms into a tensor laid out like g (found: g of 8 values for 128 norms)
+    norm, v = torch.ops.aten._weight_norm_interface.default, torch.zeros(32, 2, 128)
+    assert unsafe_for_eager(norm, [v, torch.zeros(1, 1, 128), 2]) == ""
+    assert unsafe_for_eager(norm, [v, torch.zeros(32, 1, 1), 0]) == ""
+    assert unsafe_for_eager(norm, [v, torch.zeros(2, 2, 2).transpose(0, 2), 2])
+    assert unsafe_for_eager(norm, [v, torch.zeros(1, 1, 1).expand(1, 1, 128), 2])  # 128 values, room for 1

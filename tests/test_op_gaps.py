@@ -334,10 +334,20 @@ def test_fused_adam_with_matching_lists_still_matches_eager():
 def test_pdist_gradient_of_an_input_without_rows_is_empty_not_a_crash():
     """Found by fuzzing: CPU's ``_pdist_backward`` divides by zero on a (0, m) input and the process dies
     (SIGFPE, eager's own too), and mncore ran that kernel. The gradient of no rows is empty; an input with
-    rows still gets eager's gradient."""
+    rows still gets eager's gradient, and a dtype CPU's kernel refuses is refused without rows too."""
     x = torch.randn(0, 16).to("mncore").requires_grad_()
     torch.nn.functional.pdist(x).sum().backward()
-    assert x.grad.shape == (0, 16)
+    assert x.grad.shape == (0, 16) and x.grad.cpu().abs().sum().item() == 0
+    one = torch.ones(1, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="not implemented for 'BFloat16'"):
+        torch.ops.aten._pdist_backward.default(one, torch.ones(0, 16, dtype=torch.bfloat16), 2.0, one)
+    got = torch.ops.aten._pdist_backward.default(one.mncore(), torch.ones(0, 16, dtype=torch.bfloat16).mncore(), 2.0,
+                                                 one.mncore())
+    mncore.sync()
+    with pytest.raises(mncore.DeviceExecutionError, match="not implemented for 'BFloat16'"):
+        mncore.wait_device_ops()
+    with pytest.raises(mncore.DeviceExecutionError):
+        got.cpu()
     torch.manual_seed(0)
     y = torch.randn(3, 4)
     ye, ym = y.clone().requires_grad_(), y.to("mncore").requires_grad_()
@@ -394,7 +404,9 @@ def test_fused_optimizer_step_follows_strides_where_cpus_kernel_does_not(name):
 def test_pdist_backward_with_fewer_gradient_values_than_pairs_is_refused_not_a_crash():
     """Found by fuzzing: CPU's ``_pdist_backward`` reads past a gradient or ``pdist`` holding fewer values than
     pairs of rows and the process dies (eager's too, so no eager reference here): mncore refuses the call,
-    naming both counts. Likewise ``_weight_norm_interface_backward`` with norms of no elements. Matching
+    naming both counts. Likewise ``_weight_norm_interface_backward`` with norms of no elements, and
+    ``_weight_norm_interface`` with a ``g`` of fewer values than ``v`` has slices (its kernel writes one norm
+    per slice into a tensor shaped like ``g``: found corrupting the heap). Matching
     sizes, and more values than pairs (eager reads the first), give eager's gradient."""
     x = torch.randn(3, 2)
     with pytest.raises(RuntimeError, match=r"grad holds 2 values, but the kernel reads 3"):
@@ -404,6 +416,12 @@ def test_pdist_backward_with_fewer_gradient_values_than_pairs_is_refused_not_a_c
     with pytest.raises(RuntimeError, match=r"saved_g holds 0 values, but the kernel reads 4"):
         torch.ops.aten._weight_norm_interface_backward.default(
             *[t.to("mncore") for t in (torch.ones(3, 2, 4), v, torch.ones(0, 0, 1), torch.ones(0, 0, 1))], 2)
+    with pytest.raises(RuntimeError, match=r"g holds 2 values, but the kernel reads 4 .*one g value per slice"):
+        torch.ops.aten._weight_norm_interface.default(v.to("mncore"), torch.ones(2, 1, 1).to("mncore"), 2)
+    g = torch.rand(1, 1, 4) + 0.5
+    for got, want in zip(torch.ops.aten._weight_norm_interface.default(v.to("mncore"), g.to("mncore"), 2),
+                         torch.ops.aten._weight_norm_interface.default(v, g, 2)):
+        torch.testing.assert_close(got.cpu(), want)
     for extra in (0, 2):
         dist, grad = torch.cat([torch.pdist(x), torch.ones(extra)]), torch.arange(3.0 + extra)
         want = torch.ops.aten._pdist_backward.default(grad, x, 2.0, dist)

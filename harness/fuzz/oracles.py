@@ -352,6 +352,11 @@ def unsafe_for_eager(op: Any, args: list) -> str:
         n = args[1].shape[0] * (args[1].shape[0] - 1) // 2
         if min(args[0].numel(), args[3].numel()) < n:
             return f"_pdist_backward: the gradient or pdist holds fewer than the input's {n} pairs of rows"
+    if name == "_weight_norm_interface" and len(args) >= 3 and -args[0].dim() <= args[2] < args[0].dim():
+        g = args[1]  # the kernel writes one norm per slice of v into a new tensor laid out like g
+        room = 1 + sum((n - 1) * st for n, st in zip(g.shape, g.stride())) if g.numel() else 0
+        if room < args[0].shape[args[2]]:
+            return "_weight_norm_interface: g has room for fewer norms than v has slices along dim"
     if name == "_weight_norm_interface_backward" and len(args) >= 5 and args[1].dim():
         v, dim = args[1], args[4]
         if args[0].numel() < v.numel() or min(args[2].numel(), args[3].numel()) < v.shape[dim]:

@@ -27,8 +27,10 @@ def _histc_any_dtype(x: torch.Tensor, bins: int = 100, min: float = 0, max: floa
 
 def _pdist_backward_of_no_rows(grad: torch.Tensor, x: torch.Tensor, p: float, pdist: torch.Tensor) -> torch.Tensor:
     """CPU's ``_pdist_backward`` divides by zero on an input with no rows but some columns (SIGFPE: the
-    process dies, eager's too); the gradient of no rows is empty."""
+    process dies, eager's too); the gradient of no rows is empty. The kernel still runs on two rows of
+    the same dtype first, so that it refuses what it refuses for any input (bfloat16, half)."""
     if x.size(0) == 0:
+        aten._pdist_backward.default(grad.new_ones(1), x.new_zeros(2, 1), p, pdist.new_ones(1))
         return torch.zeros_like(x)
     return aten._pdist_backward.default(grad, x, p, pdist)
 

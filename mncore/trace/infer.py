@@ -174,23 +174,32 @@ def _unmatched_list(op: Any, name: str, args: list, kwargs: dict) -> str:
 
 def _short_argument(name: str, args: list) -> str:
     """An argument holding fewer values than the kernel reads from it (more are read as eager reads them)."""
-    if name == "_pdist_backward.default" and len(args) >= 4:
+    fix = "pass the tensors the forward op returned"
+    if name == "_weight_norm_interface.default" and len(args) >= 3:
+        v, g, dim = args[:3]  # the kernel also writes one norm per slice into a tensor laid out like g
+        reads = [("g", g.numel(), _slices(v, dim))]
+        fix = "pass one g value per slice of v along dim"
+    elif name == "_pdist_backward.default" and len(args) >= 4:
         grad, x, _, pdist = args[:4]
         rows = x.shape[0] if x.dim() == 2 else 0
         pairs = rows * (rows - 1) // 2  # one distance per pair of rows
         reads = [("grad", grad.numel(), pairs), ("pdist", pdist.numel(), pairs)]
     elif name == "_weight_norm_interface_backward.default" and len(args) >= 5:
         grad_w, v, g, norms, dim = args[:5]
-        slices = v.shape[dim] if v.dim() and -v.dim() <= dim < v.dim() else 1  # one norm per slice along dim
-        reads = [("grad_w", grad_w.numel(), v.numel()), ("saved_g", g.numel(), slices),
-                 ("saved_norms", norms.numel(), slices)]
+        reads = [("grad_w", grad_w.numel(), v.numel()), ("saved_g", g.numel(), _slices(v, dim)),
+                 ("saved_norms", norms.numel(), _slices(v, dim))]
     else:
         return ""
     for arg, has, needed in reads:
         if has < needed:
             return (f"mncore: {name.split('.')[0]}: {arg} holds {has} values, but the kernel reads {needed} for these "
-                    "inputs; pass the tensors the forward op returned")
+                    f"inputs; {fix}")
     return ""
+
+
+def _slices(v: torch.Tensor, dim: int) -> int:
+    """Weight norm's kernels keep one norm per slice of ``v`` along ``dim``."""
+    return v.shape[dim] if v.dim() and -v.dim() <= dim < v.dim() else 1
 
 
 class FallbackNeeded(Exception):
