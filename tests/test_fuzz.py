@@ -631,3 +631,14 @@ def test_cases_eagers_kernel_cannot_run_safely_are_skipped_before_it_runs(tmp_pa
     assert unsafe_for_eager(norm, [v, torch.zeros(32, 1, 1), 0]) == ""
     assert unsafe_for_eager(norm, [v, torch.zeros(2, 2, 2).transpose(0, 2), 2])
     assert unsafe_for_eager(norm, [v, torch.zeros(1, 1, 1).expand(1, 1, 128), 2])  # 128 values, room for 1
+    # batch norm's kernels take one value per channel (found: a running_var of 1 value for 12 channels)
+    bn, bn_backward, x = torch.ops.aten.native_batch_norm.default, torch.ops.aten.native_batch_norm_backward.default, \
+        torch.zeros(2, 12, 3)
+    per_channel, one = [torch.ones(12)] * 4, torch.ones(1)
+    assert unsafe_for_eager(bn, [x, *per_channel, True, 0.1, 1e-5]) == ""
+    assert "running_var holds fewer" in unsafe_for_eager(bn, [x, *per_channel[:3], one, True, 0.1, 1e-5])
+    empty = torch.ones(0)  # evaluation saves no statistics, and its backward reads the running ones
+    assert unsafe_for_eager(bn_backward, [x, x, per_channel[0], *per_channel[:2], empty, empty, False, 1e-5,
+                                          [True] * 3]) == ""
+    assert "save_mean holds fewer" in unsafe_for_eager(
+        bn_backward, [x, x, per_channel[0], *per_channel[:2], empty, empty, True, 1e-5, [True] * 3])

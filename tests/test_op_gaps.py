@@ -356,6 +356,33 @@ def test_pdist_gradient_of_an_input_without_rows_is_empty_not_a_crash():
     torch.testing.assert_close(ym.grad.cpu(), ye.grad)
 
 
+def test_batch_norm_with_statistics_unlike_the_channels_is_refused_not_a_crash():
+    """Found by fuzzing: ``native_batch_norm`` called with a running_var of 1 value for 12 channels wrote
+    12 values into it and corrupted the heap (eager's kernel too); a bias of 1 value for 48 channels read
+    past it. PyTorch's ``batch_norm`` requires one value per channel; so does mncore for the ops beneath it.
+    Well-formed calls, training and evaluation, forward and backward, give eager's results."""
+    op = torch.ops.aten.native_batch_norm.default
+    x = torch.randn(2, 12, 3)
+    stats = [torch.ones(12), torch.zeros(12), torch.zeros(12), torch.ones(12)]
+    for i, n in ((3, 1), (1, 2)):
+        bad = [t.to("mncore") for t in stats]
+        bad[i] = torch.ones(n).to("mncore")
+        with pytest.raises(RuntimeError, match=f"should contain 12 elements .* not {n}"):
+            op(x.to("mncore"), *bad, True, 0.1, 1e-5)
+    for training in (True, False):
+        ref = [t.clone() for t in stats]
+        dev = [t.to("mncore") for t in stats]
+        want = op(x, *ref, training, 0.1, 1e-5)
+        got = op(x.to("mncore"), *dev, training, 0.1, 1e-5)
+        for g, w in zip(list(got) + dev, list(want) + ref):  # outputs, then the running statistics it updates
+            torch.testing.assert_close(g.cpu(), w)
+    bn = nn.BatchNorm1d(12).eval()  # evaluation backward: empty saved statistics, the running ones are read
+    xe, xd = x.clone().requires_grad_(), x.to("mncore").requires_grad_()
+    bn(xe).pow(2).sum().backward()
+    copy.deepcopy(bn).to("mncore")(xd).pow(2).sum().backward()
+    torch.testing.assert_close(xd.grad.cpu(), xe.grad)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("fn", ["silu", "mish"])
 def test_16_bit_silu_and_mish_gradients_are_as_accurate_as_eager(fn, dtype):

@@ -1306,6 +1306,22 @@ def test_model_keeps_parameter_identity_off_the_device_and_back():
     assert_same(dict(dev.state_dict()), dict(ref.state_dict()), exact=False, rtol=1e-12, atol=1e-12)
 
 
+def test_model_with_view_gradients_converts_on_the_device():
+    """A ``Linear`` weight's ``.grad`` is a transposed view; reading it cached its traced value in a list
+    the tracer held weakly, and ``swap_tensors`` refuses a tensor with a weak reference, so ``.double()``
+    of a trained model on the device failed with "Couldn't swap Linear.weight.grad"."""
+    ref = nn.Linear(4, 3).double()
+    dev = copy.deepcopy(ref).float().to("mncore")
+    x = torch.randn(5, 4, dtype=torch.float64)
+    dev(x.float().mncore()).pow(2).sum().backward()
+    ref(x).pow(2).sum().backward()
+    mncore.sync()
+    grad = dev.weight.grad
+    dev.double()  # reads every .grad (a view) through the tracer, then swaps it
+    assert dev.weight.grad is grad and grad.dtype == torch.float64 and grad.device.type == "mncore"
+    torch.testing.assert_close(grad.cpu(), ref.weight.grad, rtol=1e-5, atol=1e-5)  # float32 gradients, widened
+
+
 def test_state_dict_roundtrip():
     ref = nn.Linear(3, 2)
     dev = copy.deepcopy(ref).mncore()

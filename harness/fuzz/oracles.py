@@ -341,6 +341,25 @@ def _fenced(x: Any) -> Any:
 _PER_PARAMETER = {"_fused_adam": 5, "_fused_adamw": 5, "_fused_sgd": 3, "_fused_adagrad": 3}
 
 
+def _short_channels(op: Any, name: str, args: list) -> str:
+    """Batch norm's CPU kernels take one value per channel from the affine tensors and the statistics
+    they use (training: the saved ones in backward), and training forward writes the running ones."""
+    if "batch_norm" not in name:
+        return ""
+    a = dict(zip((s.name for s in op._schema.arguments), args))
+    x = a.get("input")
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        return ""
+    used = ["weight", "bias", "running_mean", "running_var"]
+    if "backward" in name:
+        used = ["weight"] + (["save_mean", "save_invstd", "save_var"] if a.get("train", a.get("update"))
+                             else ["running_mean", "running_var"])
+    for arg in used:
+        if isinstance(a.get(arg), torch.Tensor) and a[arg].numel() < x.shape[1]:
+            return f"{name}: {arg} holds fewer values than the input has channels"
+    return ""
+
+
 def unsafe_for_eager(op: Any, args: list) -> str:
     """Why eager's kernel cannot run ``args`` safely ('' if it can); such a case has no eager reference."""
     name = op._schema.name.split("::")[-1].rstrip("_")
@@ -352,6 +371,9 @@ def unsafe_for_eager(op: Any, args: list) -> str:
         n = args[1].shape[0] * (args[1].shape[0] - 1) // 2
         if min(args[0].numel(), args[3].numel()) < n:
             return f"_pdist_backward: the gradient or pdist holds fewer than the input's {n} pairs of rows"
+    short = _short_channels(op, name, args)
+    if short:
+        return short
     if name == "_weight_norm_interface" and len(args) >= 3 and -args[0].dim() <= args[2] < args[0].dim():
         g = args[1]  # the kernel writes one norm per slice of v into a new tensor laid out like g
         room = 1 + sum((n - 1) * st for n, st in zip(g.shape, g.stride())) if g.numel() else 0

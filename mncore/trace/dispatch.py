@@ -22,7 +22,7 @@ from mncore.trace.host import fallback, functional, host_op, host_value
 from mncore.trace.infer import FallbackNeeded
 from mncore.trace.record import cache_view, from_host, new_tensor, record
 from mncore.trace.state import tracer
-from mncore.trace.tensor import DEVICE_NAME, LazyTensor
+from mncore.trace.tensor import DEVICE_NAME, LazyTensor, ViewCache
 from mncore.trace.writes import mutating, write
 
 aten = torch.ops.aten
@@ -51,7 +51,7 @@ def _view(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
         # Unknown view ops still read through the chain (so they see later writes to the base);
         # writing through them raises in views.inverse.
         child = _child(self, metas[0], self.mn_chain + ((func, rest, self.mn_meta.shape),))
-        cache_view(child, (token, (node, 0)))
+        cache_view(child, ViewCache(token, (node, 0)))
         return child
     pieces = views.split_views(func, rest, self.mn_meta.shape)
     if pieces is None:
@@ -59,7 +59,7 @@ def _view(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     out = []
     for i, ((op, a), m) in enumerate(zip(pieces, metas)):
         child = _child(self, m, self.mn_chain + ((op, a, self.mn_meta.shape),))
-        cache_view(child, (token, (node, i)))
+        cache_view(child, ViewCache(token, (node, i)))
         out.append(child)
     return struct(out)
 

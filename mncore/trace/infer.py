@@ -146,7 +146,7 @@ def _unsafe_sizes(target: Any, args: list, kwargs: dict) -> str:
     fuzzing). mncore refuses such a call at the op."""
     op = target.op if isinstance(target, MutateFn) else target
     name = getattr(op, "__name__", "")
-    return _unmatched_list(op, name, args, kwargs) or _short_argument(name, args)
+    return _unmatched_list(op, name, args, kwargs) or _short_argument(name, args) or _channels(op, name, args, kwargs)
 
 
 def _unmatched_list(op: Any, name: str, args: list, kwargs: dict) -> str:
@@ -194,6 +194,35 @@ def _short_argument(name: str, args: list) -> str:
         if has < needed:
             return (f"mncore: {name.split('.')[0]}: {arg} holds {has} values, but the kernel reads {needed} for these "
                     f"inputs; {fix}")
+    return ""
+
+
+_BATCH_NORMS = {"native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
+                "_native_batch_norm_legit_functional", "_batch_norm_with_update", "_batch_norm_no_update",
+                "native_batch_norm_backward", "batch_norm_backward"}
+
+
+def _channels(op: Any, name: str, args: list, kwargs: dict) -> str:
+    """Batch norm's CPU kernels read one value per channel from each affine and statistics tensor, and in
+    training write the running statistics, trusting their sizes (fewer values: read or written past their
+    end, eager's too). PyTorch's ``batch_norm`` requires exactly one per channel; so does mncore here."""
+    base = name.split(".")[0]
+    if base not in _BATCH_NORMS:
+        return ""
+    a = dict(zip((s.name for s in op._schema.arguments), args))
+    a.update(kwargs)
+    x = a.get("input")
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        return ""
+    names = ["weight", "bias", "running_mean", "running_var"]
+    if "backward" in base:  # training reads the saved statistics, evaluation the running ones
+        names = ["weight"] + (["save_mean", "save_invstd", "save_var"] if a.get("train", a.get("update"))
+                              else ["running_mean", "running_var"])
+    for arg in names:
+        t = a.get(arg)
+        if isinstance(t, torch.Tensor) and t.numel() != x.shape[1]:
+            return (f"mncore: {base}: {arg} should contain {x.shape[1]} elements (one per channel of the input) "
+                    f"not {t.numel()}")
     return ""
 
 

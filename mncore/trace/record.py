@@ -19,7 +19,7 @@ from mncore.trace import rng
 from mncore.trace.infer import FallbackNeeded, signature
 from mncore.trace.sites import user_site
 from mncore.trace.state import tracer
-from mncore.trace.tensor import DEVICE_NAME, LazyTensor, RefArg, Storage
+from mncore.trace.tensor import DEVICE_NAME, LazyTensor, RefArg, Storage, ViewCache
 
 
 def value_of(t: Any) -> tuple:
@@ -32,21 +32,21 @@ def value_of(t: Any) -> tuple:
         return st.value
     token = (st.version, tracer.epoch)
     vc = t.mn_view_cache
-    if vc is not None and vc[0] == token:
-        return vc[1]
+    if vc is not None and vc.token == token:
+        return vc.ref
     ref, meta = st.value, st.meta
     for op, args, _parent_shape in ch:
         ref, meta = emit1(op, (RefArg(ref, meta),) + tuple(args), {})
-    cache_view(t, (token, ref))
+    cache_view(t, ViewCache(token, ref))
     return ref
 
 
-def cache_view(t: LazyTensor, cached: tuple | None) -> None:
-    """Set ``t``'s cached view value ``(token, ref)``; the tracer drops it at the next graph epoch
+def cache_view(t: LazyTensor, cached: ViewCache | None) -> None:
+    """Set ``t``'s cached view value; the tracer drops it at the next graph epoch
     (``Tracer.new_epoch``), so a tensor that outlives the cut does not keep the old graph alive."""
     t.mn_view_cache = cached
     if cached is not None:
-        tracer.view_cached.add(t)
+        tracer.view_cached.add(cached)
 
 
 def new_tensor(ref: tuple, meta: TensorMeta) -> LazyTensor:

@@ -27,8 +27,8 @@ class Recording:
 
 
 class WeakList:
-    """Objects held weakly, in the order added: the pending graph roots, the tensors that cache a
-    view's traced value.
+    """Objects held weakly, in the order added: the pending graph roots, the cached traced values of
+    views.
 
     A list of weak references, appended on every traced op and de-duplicated only when read: a
     ``WeakSet`` costs a Python-level ``add`` per op and a removal callback for every intermediate
@@ -82,7 +82,7 @@ class Tracer:
         self.lock = threading.RLock()
         self.pending = WeakList()  # storages written since the last cut: the next graph's roots
         self.epoch = 0  # bumped at every graph cut: cached view values of older epochs are stale
-        self.view_cached = WeakList()  # tensors whose ``mn_view_cache`` holds a traced value
+        self.view_cached = WeakList()  # the ``ViewCache``s tensors hold, with traced values of this epoch
         self.sig_cache: dict[tuple, OpSig] = {}
         self.record_frames = False
         self.capture: list | None = None  # Context API tracing: host tensors read become constants
@@ -94,8 +94,8 @@ class Tracer:
         when the tensor is next read; a live ``.grad`` that is a view would otherwise keep the whole
         previous graph alive, its old device buffers included, until the next backward."""
         self.epoch += 1
-        for t in self.view_cached.live():
-            t.mn_view_cache = None
+        for cached in self.view_cached.live():
+            cached.token = cached.ref = None
         self.view_cached = WeakList()
 
 

@@ -50,6 +50,19 @@ class RefArg:
         self.mn_meta = meta
 
 
+class ViewCache:
+    """A view's traced value for one (storage version, graph epoch). The tracer holds these weakly to
+    drop their values at the next graph cut; it never holds a tensor weakly, since ``swap_tensors``
+    (``Module.to``, ``.double()`` of a model whose ``.grad`` is a view) refuses a tensor with a weak
+    reference."""
+
+    __slots__ = ("token", "ref", "__weakref__")
+
+    def __init__(self, token: tuple | None, ref: tuple | None):
+        self.token = token
+        self.ref = ref
+
+
 class LazyTensor(torch.Tensor):
     """A tensor on the ``mncore`` device whose value is a pending graph node or a device buffer."""
 
@@ -58,7 +71,7 @@ class LazyTensor(torch.Tensor):
     # of a tensor costs about 0.1 us (its __dict__ lives behind torch's C object), and every traced op
     # makes a tensor with no view chain and no cached view value.
     mn_chain: tuple = ()
-    mn_view_cache: tuple | None = None
+    mn_view_cache: ViewCache | None = None
 
     @staticmethod
     def __new__(cls, meta: TensorMeta, storage: Storage, chain: tuple = (), requires_grad: bool = False):
