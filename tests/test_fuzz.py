@@ -640,5 +640,27 @@ def test_cases_eagers_kernel_cannot_run_safely_are_skipped_before_it_runs(tmp_pa
     empty = torch.ones(0)  # evaluation saves no statistics, and its backward reads the running ones
     assert unsafe_for_eager(bn_backward, [x, x, per_channel[0], *per_channel[:2], empty, empty, False, 1e-5,
                                           [True] * 3]) == ""
+    # CTC's kernels index by the used labels and fill a tensor shaped like log_alpha (found: a label past the
+    # classes and a short log_alpha); padding past target_lengths is not read
+    ctc, ctc_backward = torch.ops.aten._ctc_loss.Tensor, torch.ops.aten._ctc_loss_backward.Tensor
+    log_probs, lengths, target_lengths = torch.zeros(10, 2, 5), torch.tensor([10, 10]), torch.tensor([2, 3])
+    padded = torch.tensor([[1, 2, -1], [3, 4, 1]])
+    assert unsafe_for_eager(ctc, [log_probs, padded, lengths, target_lengths]) == ""
+    assert "not a class" in unsafe_for_eager(ctc, [log_probs, padded + 3, lengths, target_lengths])
+    assert unsafe_for_eager(ctc, [log_probs, padded, lengths, torch.tensor([2, 3, 1])]) == ""  # eager refuses it
+    alpha = torch.zeros(2, 10, 7)
+    assert unsafe_for_eager(ctc_backward, [torch.ones(2), log_probs, padded, lengths, target_lengths, torch.ones(2),
+                                           alpha, 0]) == ""
+    assert "log_alpha smaller" in unsafe_for_eager(ctc_backward, [torch.ones(2), log_probs, padded, lengths,
+                                                                  target_lengths, torch.ones(2), alpha[:, :, :4], 0])
+    dense = torch.ops.aten.embedding_dense_backward.default  # scatters into num_weights rows by the indices
+    assert unsafe_for_eager(dense, [torch.ones(2, 3), torch.tensor([0, 2]), 3, -1, False]) == ""
+    assert "not a row of the 3-row gradient" in unsafe_for_eager(dense, [torch.ones(2, 3), torch.tensor([0, 3]), 3,
+                                                                         -1, False])
+    pool = torch.ops.aten.adaptive_max_pool2d_backward.default  # scatters into each plane by the indices
+    plane = torch.zeros(1, 2, 2, 2)
+    assert unsafe_for_eager(pool, [plane, plane, torch.tensor([0, 3]).reshape(1, 2, 1, 1)]) == ""
+    assert "outside the input's planes of 4" in unsafe_for_eager(pool, [plane, plane,
+                                                                         torch.tensor([0, 4]).reshape(1, 2, 1, 1)])
     assert "save_mean holds fewer" in unsafe_for_eager(
         bn_backward, [x, x, per_channel[0], *per_channel[:2], empty, empty, True, 1e-5, [True] * 3])

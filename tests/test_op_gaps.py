@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import mncore
 
@@ -381,6 +382,88 @@ def test_batch_norm_with_statistics_unlike_the_channels_is_refused_not_a_crash()
     bn(xe).pow(2).sum().backward()
     copy.deepcopy(bn).to("mncore")(xd).pow(2).sum().backward()
     torch.testing.assert_close(xd.grad.cpu(), xe.grad)
+
+
+def test_embedding_backward_with_indices_past_the_rows_is_refused_not_a_crash():
+    """Found by fuzzing: CPU's embedding backward kernels scatter into a gradient of ``num_weights`` rows by
+    the indices without checking them (the forward op did), so ``_embedding_bag_backward`` called with an
+    index of 15 for one row wrote past mncore's buffer and crashed the process. In-range indices give
+    eager's gradient."""
+    grad, indices = torch.randn(4, 3), torch.tensor([0, 2, 1, 2])
+    want = torch.ops.aten.embedding_dense_backward.default(grad, indices, 3, -1, False)
+    got = torch.ops.aten.embedding_dense_backward.default(grad.mncore(), indices.mncore(), 3, -1, False)
+    torch.testing.assert_close(got.cpu(), want)
+    bad = torch.ops.aten.embedding_dense_backward.default(grad.mncore(), (indices + 13).mncore(), 3, -1, False)
+    mncore.sync()
+    with pytest.raises(mncore.DeviceExecutionError, match="index 13 is not a row of a weight of 3 rows"):
+        mncore.wait_device_ops()
+    with pytest.raises(mncore.DeviceExecutionError):
+        bad.cpu()
+    bags = [torch.randn(2, 1), torch.tensor([15, 10, 9, 3]), torch.tensor([0, 2]), torch.tensor([0, 0, 1, 1]),
+            torch.tensor([2, 2]), torch.tensor([0, 0])]
+    got = torch.ops.aten._embedding_bag_backward.default(*[t.mncore() for t in bags], 16, False, 0, False, None)
+    want = torch.ops.aten._embedding_bag_backward.default(*bags, 16, False, 0, False, None)
+    torch.testing.assert_close(got.cpu(), want)
+    bad = torch.ops.aten._embedding_bag_backward.default(*[t.mncore() for t in bags], 1, False, 0, False, None)
+    mncore.sync()
+    with pytest.raises(mncore.DeviceExecutionError, match="index 15 is not a row of a weight of 1 rows"):
+        mncore.wait_device_ops()
+
+
+@pytest.mark.parametrize("pool", ["max_pool2d", "adaptive_max_pool2d", "max_pool3d"])
+def test_max_pool_backward_with_indices_outside_the_planes_is_refused_not_a_crash(pool):
+    """Found by fuzzing: CPU's max-pooling backward kernels scatter the gradient into each input plane by
+    ``indices`` without checking them; an index of 3 for planes of one position wrote past mncore's buffer.
+    Through autograd (indices from the forward op) the gradient is eager's."""
+    torch.manual_seed(0)
+    dims = 3 if pool.endswith("3d") else 2
+    x = torch.randn(2, 3, *[4] * dims)
+    forward = {"max_pool2d": lambda t: F.max_pool2d(t, 2, return_indices=True),
+               "max_pool3d": lambda t: F.max_pool3d(t, 2, return_indices=True),
+               "adaptive_max_pool2d": lambda t: F.adaptive_max_pool2d(t, 3, return_indices=True)}[pool]
+    xe, xd = x.clone().requires_grad_(), x.mncore().requires_grad_()
+    (out_e, _), (out_d, idx) = forward(xe), forward(xd)
+    out_e.pow(2).sum().backward()
+    out_d.pow(2).sum().backward()
+    torch.testing.assert_close(xd.grad.cpu(), xe.grad)
+    op = getattr(torch.ops.aten, f"{pool}_with_indices_backward" if pool.startswith("max") else f"{pool}_backward")
+    bad = idx.cpu().clone()
+    bad.view(-1)[5] = 4 ** dims  # one past the plane
+    extra = [[2] * dims, [2] * dims, [0] * dims, [1] * dims, False] if pool.startswith("max") else []
+    got = op.default(out_d.detach(), xd.detach(), *extra, bad.mncore())
+    mncore.sync()
+    with pytest.raises(mncore.DeviceExecutionError, match=f"index {4 ** dims} is outside an input plane of {4 ** dims}"):
+        mncore.wait_device_ops()
+    with pytest.raises(mncore.DeviceExecutionError):
+        got.cpu()
+
+
+def test_ctc_loss_with_labels_outside_the_classes_is_refused_not_a_crash():
+    """Found by fuzzing: CPU's CTC kernels index log_probs and the gradient they write by the target labels,
+    and the backward op fills a tensor shaped like log_alpha, without checking either. A label past the
+    classes (or a short log_alpha) read and wrote past mncore's dense device buffers and the process died
+    later. mncore checks the labels each sequence uses (padding past target_lengths may hold anything)."""
+    torch.manual_seed(0)
+    steps, classes = 10, 5
+    log_probs = torch.randn(steps, 2, classes).log_softmax(2)
+    lengths = torch.tensor([steps, steps])
+    padded = torch.tensor([[1, 2, -1], [3, 4, 1]])  # -1: padding past the first sequence's 2 labels
+    for targets, target_lengths in ((padded, torch.tensor([2, 3])), (torch.tensor([1, 2, 3, 4, 1]), torch.tensor([2, 3]))):
+        lp_e, lp_d = log_probs.clone().requires_grad_(), log_probs.to("mncore").requires_grad_()
+        want = F.ctc_loss(lp_e, targets, lengths, target_lengths)
+        got = F.ctc_loss(lp_d, targets.to("mncore"), lengths.to("mncore"), target_lengths.to("mncore"))
+        want.backward()
+        got.backward()
+        torch.testing.assert_close(got.cpu(), want)
+        torch.testing.assert_close(lp_d.grad.cpu(), lp_e.grad)
+    bad = torch.tensor([[1, 7, 2], [3, 4, 1]])  # 7: the kind of label an off-by-one in the classes gives
+    with pytest.raises(ValueError, match=r"target label 7 is not a class of log_probs, which has 5"):
+        F.ctc_loss(log_probs.to("mncore"), bad.to("mncore"), lengths.to("mncore"), torch.tensor([3, 3]).to("mncore"))
+    nll, alpha = torch.ops.aten._ctc_loss.Tensor(log_probs, padded, lengths, torch.tensor([2, 3]))
+    short = [t.to("mncore") for t in (torch.ones(2), log_probs, padded, lengths, torch.tensor([2, 3]), nll, alpha[:, :, :4])]
+    with pytest.raises(ValueError, match=r"log_alpha of shape \[2, 10, 4\] is smaller than these targets need "
+                                         r"\[2, 10, 7\]"):  # no shape function: it runs eagerly, and raises at the op
+        torch.ops.aten._ctc_loss_backward.Tensor(*short, 0)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

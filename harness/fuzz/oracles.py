@@ -360,6 +360,47 @@ def _short_channels(op: Any, name: str, args: list) -> str:
     return ""
 
 
+def _ctc_past_ends(name: str, args: list) -> str:
+    """CPU's CTC kernels index log_probs and their gradient by the used target labels, and the backward op
+    writes each sequence's states into a tensor shaped like log_alpha, trusting both (the forward op checks
+    the lengths itself)."""
+    backward = name == "_ctc_loss_backward"
+    if name not in ("_ctc_loss", "_ctc_loss_backward") or len(args) < 4 + 3 * backward:
+        return ""
+    log_probs, targets, ins, outs = args[backward:4 + backward]
+    if log_probs.dim() != 3 or targets.dim() not in (1, 2):
+        return ""
+    ins, outs = [torch.as_tensor(v).reshape(-1).tolist() for v in (ins, outs)]
+    room = targets.shape[1] if targets.dim() == 2 else targets.numel()
+    wanted = max(outs, default=0) if targets.dim() == 2 else sum(outs)
+    batch = log_probs.shape[1]
+    if (len(ins) != batch or len(outs) != batch or min(outs, default=0) < 0 or wanted > room
+            or max(ins, default=0) > log_probs.shape[0]):
+        return "ctc_loss_backward: lengths unlike the batch or the targets" if backward else ""
+    if targets.dim() == 2:
+        labels = [v for row, n in zip(targets.tolist(), outs) for v in row[:n]]
+    else:
+        labels = targets[:sum(outs)].tolist()
+    if any(not 0 <= v < log_probs.shape[2] for v in labels):
+        return "ctc_loss: a target label is not a class of log_probs"
+    if backward:
+        need = [log_probs.shape[1], max(ins, default=0), 2 * max(outs, default=0) + 1]
+        if args[6].dim() != 3 or any(h < n for h, n in zip(args[6].shape, need)):
+            return "ctc_loss_backward: log_alpha smaller than the targets need"
+    return ""
+
+
+# Embedding backward ops: (position of the indices, of num_weights); they scatter into num_weights rows.
+_EMBEDDING_ROWS = {"embedding_dense_backward": (1, 2), "_embedding_bag_backward": (1, 6),
+                   "_embedding_bag_dense_backward": (1, 5)}
+
+
+# Max-pooling backward ops: (position of the indices, dimensions of a plane); they scatter into each plane.
+_POOL_INDICES = {"max_pool2d_with_indices_backward": (7, 2), "max_pool3d_with_indices_backward": (7, 3),
+                 "adaptive_max_pool2d_backward": (2, 2), "adaptive_max_pool3d_backward": (2, 3),
+                 "fractional_max_pool2d_backward": (4, 2), "fractional_max_pool3d_backward": (4, 3)}
+
+
 def unsafe_for_eager(op: Any, args: list) -> str:
     """Why eager's kernel cannot run ``args`` safely ('' if it can); such a case has no eager reference."""
     name = op._schema.name.split("::")[-1].rstrip("_")
@@ -371,9 +412,19 @@ def unsafe_for_eager(op: Any, args: list) -> str:
         n = args[1].shape[0] * (args[1].shape[0] - 1) // 2
         if min(args[0].numel(), args[3].numel()) < n:
             return f"_pdist_backward: the gradient or pdist holds fewer than the input's {n} pairs of rows"
-    short = _short_channels(op, name, args)
+    short = _short_channels(op, name, args) or _ctc_past_ends(name, args)
     if short:
         return short
+    at = _EMBEDDING_ROWS.get(name)
+    if at and len(args) > at[1] and args[at[0]].numel():
+        rows = args[at[1]]
+        if args[at[0]].min() < 0 or args[at[0]].max() >= rows:
+            return f"{name}: an index is not a row of the {rows}-row gradient"
+    at = _POOL_INDICES.get(name)
+    if at and len(args) > at[0] and args[at[0]].numel():
+        plane = args[1].shape[-at[1]:].numel()
+        if args[at[0]].min() < 0 or args[at[0]].max() >= plane:
+            return f"{name}: an index is outside the input's planes of {plane} positions"
     if name == "_weight_norm_interface" and len(args) >= 3 and -args[0].dim() <= args[2] < args[0].dim():
         g = args[1]  # the kernel writes one norm per slice of v into a new tensor laid out like g
         room = 1 + sum((n - 1) * st for n, st in zip(g.shape, g.stride())) if g.numel() else 0

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import torch
 
+from mncore.compile import value_checks
 from mncore.ir.ops import LAZY_BIT_VIEWS
 from mncore.ir.targets import MutateFn
 
@@ -76,6 +77,7 @@ _BUILTIN: dict[Any, Callable] = {
     aten.histc.default: _histc_any_dtype,
     aten._pdist_backward.default: _pdist_backward_of_no_rows,
     **LAZY_BIT_VIEWS,
+    **value_checks.SUBSTITUTES,
     **{op: _on_dense_copies(op) for op in _FUSED_OPTIMIZERS},
 }
 _overrides: dict[Any, Callable] = {}

@@ -1,0 +1,138 @@
+"""Values some CPU kernels trust, checked before those kernels run on mncore's device buffers.
+
+A few CPU kernels index memory by the values of an argument without checking them, because the public
+op above them has (``F.embedding`` checks its indices; CTC's backward "assumes that the forward did"),
+or never does (CTC's target labels). Called with other values, they read and write past the ends of
+mncore's exactly sized device buffers and the process dies later, in some other op (found by fuzzing;
+eager reads the same wrong memory, often inside a larger allocation). These are values, so the checks
+run with the kernel, on the graph's real tensors, and raise ``ValueError`` naming the argument.
+
+- CTC: ``_ctc_loss`` and ``_ctc_loss_backward`` index ``log_probs`` and the gradient they write by the
+  labels each sequence uses, and the backward op fills a tensor shaped like ``log_alpha``.
+- Embedding backward ops scatter into a gradient of ``num_weights`` rows by ``indices``.
+- Max-pooling backward ops scatter into each plane of the input's gradient by ``indices``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+aten = torch.ops.aten
+
+
+def _lengths(x: Any) -> list[int]:
+    return x.tolist() if isinstance(x, torch.Tensor) else list(x)
+
+
+def check_ctc_arguments(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Any, target_lengths: Any,
+                        log_alpha: torch.Tensor | None = None, per_sequence: tuple = ()) -> None:
+    """Raise ``ValueError`` naming the first argument CPU's CTC kernels would read or write past."""
+    if log_probs.dim() != 3 or targets.dim() not in (1, 2):
+        return  # the kernels' own shape checks refuse these
+    steps, batch, classes = log_probs.shape
+    ins, outs = _lengths(input_lengths), _lengths(target_lengths)
+    for name, values in (("input_lengths", ins), ("target_lengths", outs)):
+        if len(values) != batch:
+            raise ValueError(f"mncore: ctc_loss: {name} holds {len(values)} values for a batch of {batch}; "
+                             "pass one per sequence")
+    if any(not 0 <= n <= steps for n in ins):
+        raise ValueError(f"mncore: ctc_loss: input_lengths must lie in [0, {steps}] (log_probs has {steps} steps), "
+                         f"got {ins}")
+    room = targets.size(1) if targets.dim() == 2 else targets.numel()
+    if any(n < 0 for n in outs) or (max(outs, default=0) if targets.dim() == 2 else sum(outs)) > room:
+        raise ValueError(f"mncore: ctc_loss: target_lengths {outs} ask for more labels than targets of shape "
+                         f"{list(targets.shape)} hold")
+    if targets.dim() == 2:
+        used = targets[torch.arange(targets.size(1), device=targets.device)
+                       < torch.tensor(outs, device=targets.device).unsqueeze(1)]
+    else:
+        used = targets[:sum(outs)]
+    bad = used[(used < 0) | (used >= classes)]
+    if bad.numel():
+        raise ValueError(f"mncore: ctc_loss: target label {int(bad[0])} is not a class of log_probs, which has "
+                         f"{classes} (labels 0..{classes - 1}, the blank included); check the number of classes")
+    if log_alpha is None:
+        return
+    need = (batch, max(ins, default=0), 2 * max(outs, default=0) + 1)
+    if log_alpha.dim() != 3 or any(h < n for h, n in zip(log_alpha.shape, need)):
+        raise ValueError(f"mncore: ctc_loss_backward: log_alpha of shape {list(log_alpha.shape)} is smaller than "
+                         f"these targets need {list(need)}; pass the log_alpha the forward op returned")
+    for name, t in per_sequence:
+        if t.numel() < batch:
+            raise ValueError(f"mncore: ctc_loss_backward: {name} holds {t.numel()} values for a batch of {batch}")
+
+
+def check_rows(op: str, indices: torch.Tensor, num_weights: int) -> None:
+    """Embedding backward: every index names a row of the ``num_weights``-row gradient."""
+    bad = indices[(indices < 0) | (indices >= num_weights)]
+    if bad.numel():
+        raise ValueError(f"mncore: {op}: index {int(bad[0])} is not a row of a weight of {num_weights} rows; "
+                         "pass the indices the forward op read")
+
+
+def checked_embedding_backward(op: Any, indices_at: int, rows_at: int) -> Callable:
+    name = op._schema.name.split("::")[-1]
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        check_rows(name, args[indices_at], args[rows_at])
+        return op(*args, **kwargs)
+
+    run.__name__ = run.__qualname__ = f"checked_{name}"
+    return run
+
+
+def checked_pool_backward(op: Any, indices_at: int, dims: int) -> Callable:
+    """Max-pooling backward: every index names a position in one plane of the input (its last ``dims``
+    dimensions)."""
+    name = op._schema.name.split("::")[-1]
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        plane = math.prod(args[1].shape[-dims:])
+        indices = args[indices_at]
+        bad = indices[(indices < 0) | (indices >= plane)]
+        if bad.numel():
+            raise ValueError(f"mncore: {name}: index {int(bad[0])} is outside an input plane of {plane} positions; "
+                             "pass the indices the forward op returned")
+        return op(*args, **kwargs)
+
+    run.__name__ = run.__qualname__ = f"checked_{name}"
+    return run
+
+
+def checked_ctc_loss(op: Any) -> Callable:
+    def run(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Any, target_lengths: Any,
+            *rest: Any, **kwargs: Any) -> Any:
+        check_ctc_arguments(log_probs, targets, input_lengths, target_lengths)
+        return op(log_probs, targets, input_lengths, target_lengths, *rest, **kwargs)
+
+    run.__name__ = run.__qualname__ = f"checked_{op._schema.name.split('::')[-1]}"
+    return run
+
+
+def checked_ctc_loss_backward(op: Any) -> Callable:
+    def run(grad: torch.Tensor, log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Any,
+            target_lengths: Any, neg_log_likelihood: torch.Tensor, log_alpha: torch.Tensor, *rest: Any,
+            **kwargs: Any) -> Any:
+        check_ctc_arguments(log_probs, targets, input_lengths, target_lengths, log_alpha,
+                            (("grad", grad), ("neg_log_likelihood", neg_log_likelihood)))
+        return op(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, *rest,
+                  **kwargs)
+
+    run.__name__ = run.__qualname__ = f"checked_{op._schema.name.split('::')[-1]}"
+    return run
+
+
+SUBSTITUTES: dict[Any, Callable] = {
+    **{op: checked_ctc_loss(op) for op in (aten._ctc_loss.default, aten._ctc_loss.Tensor)},
+    **{op: checked_ctc_loss_backward(op) for op in (aten._ctc_loss_backward.default, aten._ctc_loss_backward.Tensor)},
+    aten.embedding_dense_backward.default: checked_embedding_backward(aten.embedding_dense_backward.default, 1, 2),
+    aten._embedding_bag_backward.default: checked_embedding_backward(aten._embedding_bag_backward.default, 1, 6),
+    aten._embedding_bag_dense_backward.default: checked_embedding_backward(
+        aten._embedding_bag_dense_backward.default, 1, 5),
+    **{getattr(aten, name).default: checked_pool_backward(getattr(aten, name).default, at, dims)
+       for name, at, dims in (("max_pool2d_with_indices_backward", 7, 2), ("max_pool3d_with_indices_backward", 7, 3),
+                              ("adaptive_max_pool2d_backward", 2, 2), ("adaptive_max_pool3d_backward", 2, 3),
+                              ("fractional_max_pool2d_backward", 4, 2), ("fractional_max_pool3d_backward", 4, 3))},
+}
