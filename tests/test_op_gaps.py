@@ -408,6 +408,19 @@ def test_embedding_backward_with_indices_past_the_rows_is_refused_not_a_crash():
     mncore.sync()
     with pytest.raises(mncore.DeviceExecutionError, match="index 15 is not a row of a weight of 1 rows"):
         mncore.wait_device_ops()
+    # found next: an offset2bag naming bags the gradient does not have (it has none) read past it
+    no_bags = [torch.randn(0, 16), torch.tensor([3, 5]), torch.zeros(0, dtype=torch.int64), torch.tensor([0, 1]),
+               torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)]
+    bad = torch.ops.aten._embedding_bag_backward.default(*[t.mncore() for t in no_bags], 16, False, 1, False, None)
+    mncore.sync()
+    with pytest.raises(mncore.DeviceExecutionError, match="offset2bag must name one of the gradient's 0 bags"):
+        mncore.wait_device_ops()
+    weight, idx, offsets = torch.randn(16, 3), torch.tensor([3, 5, 5, 9, 0]), torch.tensor([0, 2, 2])
+    for mode in ("sum", "mean", "max"):  # through autograd, with the bookkeeping the forward op returns
+        we, wd = weight.clone().requires_grad_(), weight.mncore().requires_grad_()
+        F.embedding_bag(idx, we, offsets, mode=mode).pow(2).sum().backward()
+        F.embedding_bag(idx.mncore(), wd, offsets.mncore(), mode=mode).pow(2).sum().backward()
+        torch.testing.assert_close(wd.grad.cpu(), we.grad)
 
 
 @pytest.mark.parametrize("pool", ["max_pool2d", "adaptive_max_pool2d", "max_pool3d"])

@@ -72,11 +72,29 @@ def check_rows(op: str, indices: torch.Tensor, num_weights: int) -> None:
                          "pass the indices the forward op read")
 
 
+def check_bags(op: str, grad: torch.Tensor, indices: torch.Tensor, offset2bag: torch.Tensor,
+               bag_size: torch.Tensor, mode: int) -> None:
+    """Embedding-bag backward: ``offset2bag`` (empty when the forward took its fast path and the backward
+    rebuilds it) names a bag, a row of ``grad``, for each index; the mean divides by each bag's size."""
+    bags = grad.size(0) if grad.dim() else 1
+    if offset2bag.numel():
+        bad = offset2bag[(offset2bag < 0) | (offset2bag >= bags)]
+        if offset2bag.numel() < indices.numel() or bad.numel():
+            raise ValueError(f"mncore: {op}: offset2bag must name one of the gradient's {bags} bags for each of the "
+                             f"{indices.numel()} indices; pass the offset2bag the forward op returned")
+    if mode == 1 and bag_size.numel() < bags:
+        raise ValueError(f"mncore: {op}: bag_size holds {bag_size.numel()} values for {bags} bags; pass the "
+                         "bag_size the forward op returned")
+
+
 def checked_embedding_backward(op: Any, indices_at: int, rows_at: int) -> Callable:
     name = op._schema.name.split("::")[-1]
+    bags_at = indices_at + (2 if name == "_embedding_bag_backward" else 1)  # offset2bag, then bag_size
 
     def run(*args: Any, **kwargs: Any) -> Any:
         check_rows(name, args[indices_at], args[rows_at])
+        if name != "embedding_dense_backward":
+            check_bags(name, args[0], args[indices_at], args[bags_at], args[bags_at + 1], args[rows_at + 2])
         return op(*args, **kwargs)
 
     run.__name__ = run.__qualname__ = f"checked_{name}"
