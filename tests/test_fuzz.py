@@ -657,6 +657,14 @@ def test_cases_eagers_kernel_cannot_run_safely_are_skipped_before_it_runs(tmp_pa
     assert unsafe_for_eager(dense, [torch.ones(2, 3), torch.tensor([0, 2]), 3, -1, False]) == ""
     assert "not a row of the 3-row gradient" in unsafe_for_eager(dense, [torch.ones(2, 3), torch.tensor([0, 3]), 3,
                                                                          -1, False])
+    bag = torch.ops.aten._embedding_bag_backward.default  # offset2bag names a bag (a row of grad) per index
+    i64 = dict(dtype=torch.int64)
+    fine = [torch.ones(2, 3), torch.tensor([3, 5]), torch.tensor([0, 1]), torch.tensor([0, 1]), torch.ones(2, **i64),
+            torch.zeros(0, **i64), 16, False, 1, False, None]
+    assert unsafe_for_eager(bag, fine) == ""
+    assert unsafe_for_eager(bag, fine[:3] + [torch.zeros(0, **i64)] + fine[4:]) == ""  # rebuilt by the backward
+    assert "names bags the 0-bag gradient" in unsafe_for_eager(bag, [torch.ones(0, 3)] + fine[1:])
+    assert "bag_size holds fewer" in unsafe_for_eager(bag, fine[:4] + [torch.zeros(0, **i64)] + fine[5:])
     pool = torch.ops.aten.adaptive_max_pool2d_backward.default  # scatters into each plane by the indices
     plane = torch.zeros(1, 2, 2, 2)
     assert unsafe_for_eager(pool, [plane, plane, torch.tensor([0, 3]).reshape(1, 2, 1, 1)]) == ""

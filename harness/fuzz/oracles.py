@@ -420,6 +420,15 @@ def unsafe_for_eager(op: Any, args: list) -> str:
         rows = args[at[1]]
         if args[at[0]].min() < 0 or args[at[0]].max() >= rows:
             return f"{name}: an index is not a row of the {rows}-row gradient"
+    if at and name != "embedding_dense_backward" and len(args) > at[1] + 2:
+        # a bag per index (offset2bag is empty when the backward rebuilds it), and the mean's bag sizes
+        grad, offset2bag, bag_size = args[0], args[at[1] - 3], args[at[1] - 2]
+        bags = grad.shape[0] if grad.dim() else 1
+        if offset2bag.numel() and (offset2bag.numel() < args[1].numel() or offset2bag.min() < 0
+                                   or offset2bag.max() >= bags):
+            return f"{name}: offset2bag names bags the {bags}-bag gradient does not have"
+        if args[at[1] + 2] == 1 and bag_size.numel() < bags:
+            return f"{name}: bag_size holds fewer values than the gradient has bags"
     at = _POOL_INDICES.get(name)
     if at and len(args) > at[0] and args[at[0]].numel():
         plane = args[1].shape[-at[1]:].numel()
