@@ -22,6 +22,12 @@ import torch
 aten = torch.ops.aten
 
 
+def _first_outside(values: torch.Tensor, end: int) -> int | None:
+    """The first of ``values`` outside ``[0, end)``, or None."""
+    bad = values[(values < 0) | (values >= end)]
+    return int(bad[0]) if bad.numel() else None
+
+
 def _lengths(x: Any) -> list[int]:
     return x.tolist() if isinstance(x, torch.Tensor) else list(x)
 
@@ -49,9 +55,9 @@ def check_ctc_arguments(log_probs: torch.Tensor, targets: torch.Tensor, input_le
                        < torch.tensor(outs, device=targets.device).unsqueeze(1)]
     else:
         used = targets[:sum(outs)]
-    bad = used[(used < 0) | (used >= classes)]
-    if bad.numel():
-        raise ValueError(f"mncore: ctc_loss: target label {int(bad[0])} is not a class of log_probs, which has "
+    label = _first_outside(used, classes)
+    if label is not None:
+        raise ValueError(f"mncore: ctc_loss: target label {label} is not a class of log_probs, which has "
                          f"{classes} (labels 0..{classes - 1}, the blank included); check the number of classes")
     if log_alpha is None:
         return
@@ -66,9 +72,9 @@ def check_ctc_arguments(log_probs: torch.Tensor, targets: torch.Tensor, input_le
 
 def check_rows(op: str, indices: torch.Tensor, num_weights: int) -> None:
     """Embedding backward: every index names a row of the ``num_weights``-row gradient."""
-    bad = indices[(indices < 0) | (indices >= num_weights)]
-    if bad.numel():
-        raise ValueError(f"mncore: {op}: index {int(bad[0])} is not a row of a weight of {num_weights} rows; "
+    index = _first_outside(indices, num_weights)
+    if index is not None:
+        raise ValueError(f"mncore: {op}: index {index} is not a row of a weight of {num_weights} rows; "
                          "pass the indices the forward op read")
 
 
@@ -78,8 +84,7 @@ def check_bags(op: str, grad: torch.Tensor, indices: torch.Tensor, offset2bag: t
     rebuilds it) names a bag, a row of ``grad``, for each index; the mean divides by each bag's size."""
     bags = grad.size(0) if grad.dim() else 1
     if offset2bag.numel():
-        bad = offset2bag[(offset2bag < 0) | (offset2bag >= bags)]
-        if offset2bag.numel() < indices.numel() or bad.numel():
+        if offset2bag.numel() < indices.numel() or _first_outside(offset2bag, bags) is not None:
             raise ValueError(f"mncore: {op}: offset2bag must name one of the gradient's {bags} bags for each of the "
                              f"{indices.numel()} indices; pass the offset2bag the forward op returned")
     if mode == 1 and bag_size.numel() < bags:
@@ -87,13 +92,13 @@ def check_bags(op: str, grad: torch.Tensor, indices: torch.Tensor, offset2bag: t
                          "bag_size the forward op returned")
 
 
-def checked_embedding_backward(op: Any, indices_at: int, rows_at: int) -> Callable:
+def checked_embedding_backward(op: Any, indices_at: int, rows_at: int, bags_at: int | None = None) -> Callable:
+    """``bags_at``: where a bag op's offset2bag is (bag_size follows it, and mode follows num_weights by two)."""
     name = op._schema.name.split("::")[-1]
-    bags_at = indices_at + (2 if name == "_embedding_bag_backward" else 1)  # offset2bag, then bag_size
 
     def run(*args: Any, **kwargs: Any) -> Any:
         check_rows(name, args[indices_at], args[rows_at])
-        if name != "embedding_dense_backward":
+        if bags_at is not None:
             check_bags(name, args[0], args[indices_at], args[bags_at], args[bags_at + 1], args[rows_at + 2])
         return op(*args, **kwargs)
 
@@ -108,10 +113,9 @@ def checked_pool_backward(op: Any, indices_at: int, dims: int) -> Callable:
 
     def run(*args: Any, **kwargs: Any) -> Any:
         plane = math.prod(args[1].shape[-dims:])
-        indices = args[indices_at]
-        bad = indices[(indices < 0) | (indices >= plane)]
-        if bad.numel():
-            raise ValueError(f"mncore: {name}: index {int(bad[0])} is outside an input plane of {plane} positions; "
+        index = _first_outside(args[indices_at], plane)
+        if index is not None:
+            raise ValueError(f"mncore: {name}: index {index} is outside an input plane of {plane} positions; "
                              "pass the indices the forward op returned")
         return op(*args, **kwargs)
 
@@ -146,9 +150,9 @@ SUBSTITUTES: dict[Any, Callable] = {
     **{op: checked_ctc_loss(op) for op in (aten._ctc_loss.default, aten._ctc_loss.Tensor)},
     **{op: checked_ctc_loss_backward(op) for op in (aten._ctc_loss_backward.default, aten._ctc_loss_backward.Tensor)},
     aten.embedding_dense_backward.default: checked_embedding_backward(aten.embedding_dense_backward.default, 1, 2),
-    aten._embedding_bag_backward.default: checked_embedding_backward(aten._embedding_bag_backward.default, 1, 6),
+    aten._embedding_bag_backward.default: checked_embedding_backward(aten._embedding_bag_backward.default, 1, 6, 3),
     aten._embedding_bag_dense_backward.default: checked_embedding_backward(
-        aten._embedding_bag_dense_backward.default, 1, 5),
+        aten._embedding_bag_dense_backward.default, 1, 5, 2),
     **{getattr(aten, name).default: checked_pool_backward(getattr(aten, name).default, at, dims)
        for name, at, dims in (("max_pool2d_with_indices_backward", 7, 2), ("max_pool3d_with_indices_backward", 7, 3),
                               ("adaptive_max_pool2d_backward", 2, 2), ("adaptive_max_pool3d_backward", 2, 3),

@@ -30,7 +30,6 @@ def _swap_predicate(original: Callable[[object], bool]) -> Callable[[object], bo
     def swaps(t: object) -> bool:
         return isinstance(t, LazyTensor) or getattr(_leaving, "active", False) or original(t)
 
-    swaps.mn_swap = True  # type: ignore[attr-defined]
     return swaps
 
 

@@ -100,15 +100,21 @@ def _unreduced_1d_multilabel_loss(args: list, kwargs: dict, out: tuple) -> tuple
     return (out[0].reshape(()), *out[1:]) if args[0].dim() == 1 and reduction == 0 else out
 
 
+def _named_args(op: Any, args: list, kwargs: dict) -> dict:
+    """An op's arguments by schema name, defaults included."""
+    schema = op._schema.arguments
+    named = {s.name: s.default_value for s in schema if s.has_default_value()}
+    named.update(zip((s.name for s in schema), args))
+    named.update(kwargs)
+    return named
+
+
 def _embedding_bag(args: list, kwargs: dict, out: tuple) -> tuple:
     """``_embedding_bag``'s bookkeeping outputs as the CPU kernel shapes them (meta's differ): a bag count
     less the closing offset with ``include_last_offset``, ``max_indices`` of one entry per bag outside
     ``max`` mode, and no ``offset2bag`` on the kernel's fast sum path (float32/16 or bfloat16 rows, unit
     strides, no padding index)."""
-    schema = torch.ops.aten._embedding_bag.default._schema.arguments
-    a = {s.name: s.default_value for s in schema if s.has_default_value()}
-    a.update(zip((s.name for s in schema), args))
-    a.update(kwargs)
+    a = _named_args(torch.ops.aten._embedding_bag.default, args, kwargs)
     weight, scale = a["weight"], a["per_sample_weights"]
     bags = a["offsets"].size(0) - (1 if a["include_last_offset"] else 0)
     fast_sum = (a["mode"] == 0 and a["padding_idx"] < 0 and weight.stride(1) == 1
@@ -209,8 +215,7 @@ def _channels(op: Any, name: str, args: list, kwargs: dict) -> str:
     base = name.split(".")[0]
     if base not in _BATCH_NORMS:
         return ""
-    a = dict(zip((s.name for s in op._schema.arguments), args))
-    a.update(kwargs)
+    a = _named_args(op, args, kwargs)
     x = a.get("input")
     if not isinstance(x, torch.Tensor) or x.dim() < 2:
         return ""
