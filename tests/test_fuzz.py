@@ -387,6 +387,36 @@ def test_fuzz_cluster_options_are_checked_before_anything_runs(tmp_path: Path, m
     assert not out.exists()
 
 
+def test_malloc_check_crashes_the_case_that_writes_past_its_buffer(tmp_path: Path) -> None:
+    """With ``--malloc-check`` a lowering that writes one byte past its output (nothing fails at once) is a
+    crash of its own op, confirmed in a fresh worker, and its repro script crashes the same way."""
+    proc, s = _fuzz(tmp_path, "--cases", "8", "--seed", "3", "--ops", "aten.mul.Tensor", "--malloc-check",
+                    "--plugin", "tests.fuzz_plugins.overrun", "--shrink-seconds", "0")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert s["malloc_check"] and "--malloc-check" in s["command"]
+    crash = s["failures"].get("aten.mul.Tensor:crash:lazy_vs_eager")
+    assert crash and crash["repro"], s["failures"]
+    assert "free(): invalid pointer" in crash["message"]  # glibc's check found the overwritten byte
+    repro = subprocess.run([sys.executable, crash["repro"]], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert repro.returncode != 0 and "crash: the child exited" in repro.stderr, repro.stderr[-2000:]
+
+
+def test_malloc_check_needs_glibcs_checking_allocator(tmp_path: Path, monkeypatch, capsys) -> None:
+    """The checking allocator goes ahead of the user's LD_PRELOAD; where glibc has none, ``--malloc-check``
+    stops before anything runs, naming the fix."""
+    from harness import cli
+    from harness.fuzz import heap_check
+
+    monkeypatch.setenv("LD_PRELOAD", "libmine.so")
+    monkeypatch.setattr(heap_check.ctypes.util, "find_library", lambda name: f"lib{name}.so.0")
+    assert heap_check.environment() == {"LD_PRELOAD": "libc_malloc_debug.so.0 libmine.so", "MALLOC_CHECK_": "3"}
+    monkeypatch.setattr(heap_check.ctypes.util, "find_library", lambda name: None)
+    out = tmp_path / "o"
+    assert cli.main(["fuzz", "--cases", "1", "--malloc-check", "--out", str(out)]) == 2
+    assert "glibc 2.34 or newer" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def _context() -> Any:
     """A Context on pfvm:cpu, as the fuzz worker makes one."""
     import mncore
@@ -672,3 +702,63 @@ def test_cases_eagers_kernel_cannot_run_safely_are_skipped_before_it_runs(tmp_pa
                                                                          torch.tensor([0, 4]).reshape(1, 2, 1, 1)])
     assert "save_mean holds fewer" in unsafe_for_eager(
         bn_backward, [x, x, per_channel[0], *per_channel[:2], empty, empty, True, 1e-5, [True] * 3])
+    # adaptive pooling writes each grad_output plane's gradient into the input's plane of that number, and
+    # fractional 3-d pooling reads grad_output and indices as the input's planes (found: a crash in a later case)
+    zeros = torch.zeros(2, 3, 1, 1, **i64)
+    assert "more planes than the input" in unsafe_for_eager(pool, [torch.ones(2, 3, 1, 1), plane, zeros])
+    assert unsafe_for_eager(pool, [torch.ones(1, 2, 1, 1), torch.zeros(2, 2, 2, 2), zeros[:1, :2]]) == ""
+    frac = torch.ops.aten.fractional_max_pool3d_backward.default
+    volume = torch.zeros(2, 3, 4, 4, 4)
+    assert unsafe_for_eager(frac, [torch.ones(2, 3, 2, 2, 2), volume, [2] * 3, [2] * 3, torch.zeros(2, 3, 2, 2, 2, **i64)]) == ""
+    assert "holds fewer values than the input's planes" in unsafe_for_eager(
+        frac, [torch.ones(2, 3, 2, 2, 2), volume, [2] * 3, [2] * 3, torch.zeros(2, 1, 2, 2, 2, **i64)])
+    # flash attention's backward reads grad_out, out and logsumexp by the query's sizes (found: a NaN mismatch)
+    attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+    q, kv = torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 5, 4)
+    assert unsafe_for_eager(attention, [q, q, kv, kv, q, torch.zeros(1, 2, 3), 0.0, False]) == ""
+    assert "shaped unlike the forward op's results" in unsafe_for_eager(
+        attention, [q[..., :1], q, kv, kv, q, torch.zeros(1, 2, 3), 0.0, False])
+    assert "does not fit the query" in unsafe_for_eager(  # a value of one batch for two (found corrupting the heap)
+        attention, [q.expand(2, -1, -1, -1), q.expand(2, -1, -1, -1), kv.expand(2, -1, -1, -1), kv, q.expand(2, -1, -1, -1),
+                    torch.zeros(2, 2, 3), 0.0, False])
+    forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    assert unsafe_for_eager(forward, [torch.zeros(1, 4, 3, 4), kv, kv]) == ""  # grouped-query: heads a multiple
+    assert "does not fit the query" in unsafe_for_eager(forward, [torch.zeros(1, 3, 3, 4), kv, kv])
+
+
+def test_margin_loss_of_an_empty_batch_has_no_eager_reference_but_context_still_checks_lazy(tmp_path: Path) -> None:
+    """CPU's ``multi_margin_loss`` returns the mean of an empty batch without writing it (found fuzzing: two
+    runs disagreed): eager is no reference there, but mncore's defined value is still checked between its
+    Context API and lazy mode; an unreduced loss, which eager does define, is checked against eager."""
+    case = {"op": "aten.multi_margin_loss.default", "kwargs": {}, "mutations": [], "value_seed": 3, "index": 0,
+            "row": "aten.multi_margin_loss.default[f32(0,4)|i64(0)|1|1.0]",
+            "args": [{"t": "tensor", "dtype": "float32", "range": [-1.0, 1.0], "shape": [0, 4], "stride": [4, 1],
+                      "contiguous": True},
+                     {"t": "tensor", "dtype": "int64", "range": [0, 3], "shape": [0], "stride": [1], "contiguous": True},
+                     {"t": "int", "v": 1}, {"t": "float", "v": 1.0}]}  # reduction: the mean
+    res = run_case(Case.from_json(case), context=_context(), codegen_dir=str(tmp_path))
+    assert res["status"] == "skip" and "reduced loss of an empty batch unwritten" in res["message"], res
+    assert res["checks"]["context_vs_lazy"] == "pass" and res["checks"]["lazy_vs_eager"].startswith("n/a"), res
+    case["kwargs"] = {"reduction": {"t": "int", "v": 0}}
+    res = run_case(Case.from_json(case), context=_context(), codegen_dir=str(tmp_path))
+    assert res["status"] == "pass" and res["checks"]["lazy_vs_eager"] == "pass", res
+
+
+def test_weight_norm_backward_with_extra_saved_g_values_has_no_eager_reference(tmp_path: Path) -> None:
+    """Eager's ``_weight_norm_interface_backward`` leaves the ``grad_g`` values past v's slices unset (found
+    fuzzing: flaky NaN mismatches): no reference, so mncore's refusal is a skip, not a finding; the g the
+    forward takes is still checked against eager."""
+    def tensor(shape: list[int]) -> dict:
+        stride = [int(torch.Size(shape[i + 1:]).numel()) for i in range(len(shape))]
+        return {"t": "tensor", "dtype": "float64", "range": [0.5, 1.5], "shape": shape, "stride": stride,
+                "contiguous": True}
+
+    case = {"op": "aten._weight_norm_interface_backward.default", "kwargs": {}, "mutations": [], "value_seed": 3,
+            "index": 0, "row": "aten._weight_norm_interface_backward.default[f64(6,2,4)|f64(6,2,4)|f64(2,2,4)|"
+                               "f64(2,2,4)|2]",
+            "args": [tensor([6, 2, 4]), tensor([6, 2, 4]), tensor([2, 2, 4]), tensor([2, 2, 4]), {"t": "int", "v": 2}]}
+    res = run_case(Case.from_json(case), context=_context(), codegen_dir=str(tmp_path))
+    assert res["status"] == "skip" and "leaves the others unset" in res["message"], res
+    case["args"][2:4] = [tensor([1, 1, 4]), tensor([1, 1, 4])]
+    res = run_case(Case.from_json(case), context=_context(), codegen_dir=str(tmp_path))
+    assert res["status"] == "pass" and res["checks"]["lazy_vs_eager"] == "pass", res

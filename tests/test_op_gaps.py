@@ -550,3 +550,110 @@ def test_pdist_backward_with_fewer_gradient_values_than_pairs_is_refused_not_a_c
         want = torch.ops.aten._pdist_backward.default(grad, x, 2.0, dist)
         got = torch.ops.aten._pdist_backward.default(grad.to("mncore"), x.to("mncore"), 2.0, dist.to("mncore"))
         torch.testing.assert_close(got.cpu(), want)
+
+
+@pytest.mark.parametrize("loss", ["multi_margin_loss", "multilabel_margin_loss"])
+def test_margin_losses_of_an_empty_batch_are_defined_not_uninitialised_memory(loss):
+    """Found by fuzzing: CPU's kernels leave the mean or sum of an empty batch unwritten (eager returns what
+    the allocation held, and two runs of mncore disagreed). mncore gives what PyTorch's other losses give
+    for an empty batch (``mse_loss`` is the reference): NaN for the mean, 0 for the sum; a batch with rows
+    still gets eager's loss."""
+    fn = getattr(F, loss)
+
+    def target(n: int) -> torch.Tensor:
+        return torch.zeros(n, dtype=torch.long) if loss == "multi_margin_loss" else torch.zeros(n, 4, dtype=torch.long)
+
+    for reduction in ("mean", "sum", "none"):
+        want = F.mse_loss(torch.empty(0), torch.empty(0), reduction=reduction)
+        for _ in range(2):  # the value must not depend on what the allocation held before
+            got = fn(torch.empty(0, 4).to("mncore"), target(0).to("mncore"), reduction=reduction)
+            torch.testing.assert_close(got.cpu(), want, equal_nan=True)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    t = torch.tensor([1, 0, 3]) if loss == "multi_margin_loss" else torch.tensor([[1, 3, -1, 0], [0, -1, 2, 2], [2, 1, 0, 3]])
+    torch.testing.assert_close(fn(x.to("mncore"), t.to("mncore")).cpu(), fn(x, t))
+
+
+def test_weight_norm_backward_with_more_saved_g_values_than_slices_is_refused_not_garbage():
+    """Found by fuzzing: ``_weight_norm_interface_backward`` writes one ``grad_g`` value per slice of ``v`` into
+    a tensor shaped like ``saved_g``; a ``saved_g`` with more values left the rest unset (eager's too: two
+    runs disagreed). mncore refuses it, naming both counts; the ``g`` the forward op takes (one value per
+    slice) gives eager's gradients, in float64."""
+    op = torch.ops.aten._weight_norm_interface_backward.default
+    v = torch.randn(6, 2, 4, dtype=torch.float64)
+    grad_w = torch.randn_like(v)
+    for g in (torch.rand(1, 1, 4), torch.rand(2, 1, 4), torch.rand(6, 2, 4)):
+        g = g.double() + 0.5
+        norms = torch.rand_like(g) + 0.5
+        if g.numel() == 4:
+            for got, want in zip(op(*[t.to("mncore") for t in (grad_w, v, g, norms)], 2), op(grad_w, v, g, norms, 2)):
+                torch.testing.assert_close(got.cpu(), want)
+        else:
+            with pytest.raises(RuntimeError, match=rf"saved_g holds {g.numel()} values, but v has 4 slices along dim 2"):
+                op(*[t.to("mncore") for t in (grad_w, v, g, norms)], 2)
+
+
+def test_pool_backward_with_planes_unlike_the_inputs_is_refused_not_a_crash():
+    """Found by fuzzing (a worker crash a fresh worker did not reproduce): CPU's ``adaptive_max_pool2d/3d_backward``
+    writes the gradient of each ``grad_output`` plane into the input's plane of the same number, so more planes
+    than the input has are written past its end (eager's too); ``fractional_max_pool3d_backward`` reads the
+    gradient and indices as the input's planes, so fewer values are read past. mncore refuses both, naming the
+    counts; ``grad_output`` with fewer planes (the kernel leaves the others zero) still gives eager's gradient,
+    and so does each op's own gradient in float64."""
+    aten = torch.ops.aten
+    long = dict(dtype=torch.long)
+
+    def dev(*ts: torch.Tensor) -> list[torch.Tensor]:
+        return [t.to("mncore") for t in ts]
+
+    with pytest.raises(RuntimeError, match="grad_output has 6 planes but the input 2"):
+        aten.adaptive_max_pool2d_backward(*dev(torch.ones(2, 3, 3, 3), torch.ones(2, 1, 6, 6), torch.zeros(2, 3, 3, 3, **long)))
+    with pytest.raises(RuntimeError, match="grad_output has 3 planes but the input 1"):
+        aten.adaptive_max_pool3d_backward(*dev(torch.ones(3, 1, 2, 2), torch.ones(1, 2, 4, 4), torch.zeros(3, 1, 2, 2, **long)))
+    fewer = (torch.ones(2, 1, 3, 3), torch.ones(2, 3, 6, 6), torch.arange(9).reshape(1, 1, 3, 3).expand(2, 1, 3, 3) * 4)
+    torch.testing.assert_close(aten.adaptive_max_pool2d_backward(*dev(*fewer)).cpu(), aten.adaptive_max_pool2d_backward(*fewer))
+    g, x, i = dev(torch.ones(2, 1, 2, 3, 3), torch.ones(2, 3, 4, 6, 6), torch.zeros(2, 1, 2, 3, 3, **long))
+    with pytest.raises(RuntimeError, match="grad_output holds 36 values, but the kernel reads 108"):
+        aten.fractional_max_pool3d_backward(g, x, [2, 2, 2], [2, 3, 3], i)
+    torch.manual_seed(0)
+    samples = torch.rand(2, 3, 3, dtype=torch.float64)  # fractional pooling's random offsets, one per plane
+    for pool in (lambda t: F.adaptive_max_pool2d(t.flatten(1, 2), 3), lambda t: F.adaptive_max_pool3d(t, 2),
+                 lambda t: F.fractional_max_pool3d(t, 2, output_size=2, _random_samples=samples.to(t.device))):
+        x = torch.randn(2, 3, 4, 6, 6, dtype=torch.float64)
+        xe, xd = x.clone().requires_grad_(), x.to("mncore").requires_grad_()
+        pool(xe).pow(2).sum().backward()
+        pool(xd).pow(2).sum().backward()
+        torch.testing.assert_close(xd.grad.cpu(), xe.grad)
+
+
+def test_flash_attention_backward_with_tensors_unlike_the_forwards_is_refused_not_read_past():
+    """Found by fuzzing (a NaN mismatch a fresh worker did not reproduce): CPU's flash-attention backward reads
+    ``grad_out``, ``out`` and ``logsumexp`` by the query's sizes, so a gradient of one value per row was read
+    32 values per row, past its end (eager's too), and it walks key and value by the query's batch, so a value
+    of one batch for two had its gradient written past its end (the heap corrupted). mncore refuses tensors
+    shaped unlike the forward op's results and a key or value that does not fit the query, naming the shapes;
+    the forward's own results give eager's gradients in float64, and grouped-query heads stay allowed."""
+    aten = torch.ops.aten
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, n, 8, dtype=torch.float64) for n in (3, 2, 2))
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False)
+    grad = torch.randn_like(out)
+    want = aten._scaled_dot_product_flash_attention_for_cpu_backward(grad, q, k, v, out, lse, 0.0, False)
+    got = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        *[t.to("mncore") for t in (grad, q, k, v, out, lse)], 0.0, False)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.cpu(), w)
+    for bad, (g, o, m) in {"grad_out has shape \\[2, 4, 3, 1\\]": (grad[..., :1], out, lse),
+                           "logsumexp has shape \\[2, 4, 1\\]": (grad, out, lse[..., :1])}.items():
+        with pytest.raises(RuntimeError, match=bad + ", but the forward op gives"):
+            aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                *[t.to("mncore") for t in (g, q, k, v, o, m)], 0.0, False)
+    # a value of one batch for two: its gradient (shaped like it) was written past its end, eager's too
+    with pytest.raises(RuntimeError, match=r"value \[1, 4, 2, 8\] do not fit"):
+        aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            *[t.to("mncore") for t in (grad, q, k, v[:1], out, lse)], 0.0, False)
+    with pytest.raises(RuntimeError, match=r"the query's heads must be a multiple of key's"):
+        aten._scaled_dot_product_flash_attention_for_cpu(*[t.to("mncore") for t in (q[:, :3], k, v)], 0.0, False)
+    k2, v2 = k[:, :2], v[:, :2]  # grouped-query attention: four query heads share two
+    got = aten._scaled_dot_product_flash_attention_for_cpu(*[t.to("mncore") for t in (q, k2, v2)], 0.0, False)
+    for g, w in zip(got, aten._scaled_dot_product_flash_attention_for_cpu(q, k2, v2, 0.0, False)):
+        torch.testing.assert_close(g.cpu(), w)

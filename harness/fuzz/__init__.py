@@ -36,6 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "registers a lowering with mncore.register_lowering; recorded in repros")
     p.add_argument("--case-timeout", type=positive_float, default=20.0,
                    help="seconds before a case counts as a hang (plus 20x its eager time)")
+    p.add_argument("--malloc-check", action="store_true",
+                   help="run the workers under glibc's checking allocator (MALLOC_CHECK_=3): a kernel that writes "
+                        "past its buffer then crashes in its own case, reproducibly, instead of some later case; "
+                        "slower (docs/fuzzing.md)")
     p.add_argument("--shrink-seconds", type=non_negative_float, default=20.0, help="shrinking budget per distinct finding")
     p.add_argument("--max-numel", type=positive_int, default=1 << 16,
                    help="prefer registry rows with at most this many input elements and keep mutations under it")

@@ -62,6 +62,7 @@ class Config:
     resume: bool = False  # continue the campaign in ``out`` (its campaign.json decides the cases)
     cluster: str = "local"  # where the workers run (``--cluster``'s label; not part of the identity)
     jobs: int = 1  # workers at once (on a cluster)
+    malloc_check: bool = False  # workers under glibc's checking allocator (harness.fuzz.heap_check)
 
     IDENTITY = ("seed", "ops", "backend", "plugin", "max_numel", "registry")  # what decides case i and its verdict
 
@@ -75,6 +76,8 @@ class Config:
                 parts.append(f"{flag} '{v}'" if flag == "--ops" else f"{flag} {v}")
         if self.backend != "pfvm:cpu":
             parts.append(f"--backend {self.backend}")
+        if self.malloc_check:
+            parts.append("--malloc-check")
         return " ".join(parts)
 
 
@@ -168,7 +171,7 @@ class Campaign:
         self.stats = Stats()
         self.baseline = load_baseline(cfg.baseline)  # a bad file is refused before the worker starts
         self.meta = {"seed": cfg.seed, "backend": cfg.backend, "plugin": cfg.plugin, "command": cfg.command(),
-                     "case_timeout": cfg.case_timeout, "torch": torch.__version__}
+                     "case_timeout": cfg.case_timeout, "malloc_check": cfg.malloc_check, "torch": torch.__version__}
 
     def run(self, where: cluster.Cluster | None = None) -> dict:
         """The campaign here (one worker, the cases in order), or on ``where`` (``cfg.jobs`` shards at once:
@@ -178,7 +181,8 @@ class Campaign:
 
             return run_on(self, where)
         cfg, t_start = self.cfg, time.monotonic()
-        worker = Worker(cfg.backend, cfg.plugin, self.out / "worker.log", cfg.case_timeout)
+        worker = Worker(cfg.backend, cfg.plugin, self.out / "worker.log", cfg.case_timeout,
+                        malloc_check=cfg.malloc_check)
         worker.prepare()
         known = expected.load()
         rows = select_rows(cfg)
@@ -377,11 +381,12 @@ def main(args: argparse.Namespace) -> int:
         return USAGE_ERROR
     cfg = Config(seconds=args.seconds, cases=args.cases, out=out, case_timeout=args.case_timeout,
                  shrink_seconds=args.shrink_seconds, baseline=args.baseline, resume=args.resume is not None,
-                 cluster=args.cluster.label, jobs=args.jobs, **chosen)
+                 cluster=args.cluster.label, jobs=args.jobs, malloc_check=args.malloc_check, **chosen)
     print(f"harness fuzz: seed {cfg.seed}, {cfg.seconds:g} s" + (f", at most {cfg.cases} cases" if cfg.cases else "")
           + f", backend {cfg.backend}" + (f", plugin {cfg.plugin}" if cfg.plugin else "")
           + (" (resumed: the campaign's own seed, ops, backend and plugin)" if cfg.resume else "")
-          + (f", {cfg.jobs} worker(s) on {cfg.cluster}" if args.cluster.kind != "local" else "") + f" -> {cfg.out}",
+          + (f", {cfg.jobs} worker(s) on {cfg.cluster}" if args.cluster.kind != "local" else "")
+          + (", glibc's checking allocator" if cfg.malloc_check else "") + f" -> {cfg.out}",
           flush=True)
     try:
         if args.cluster.kind == "local":

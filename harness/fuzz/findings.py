@@ -48,6 +48,7 @@ Inputs: {stem}.pt next to this file (torch.save of the exact arguments); {stem}.
 case, which rebuilds them: harness.fuzz.cases.Case.from_json(d["shrunk_case"]).build_inputs().
 Run: python {stem}.py [--no-plugin]   (--no-plugin: without the plugin module {plugin_text})
 """
+import os
 import subprocess
 import sys
 import tempfile
@@ -60,7 +61,7 @@ import torch  # noqa: E402
 
 import mncore  # noqa: E402
 from harness.compare import compare  # noqa: E402,F401
-from harness.fuzz import oracles  # noqa: E402
+from harness.fuzz import heap_check, oracles  # noqa: E402,F401
 from harness.fuzz.worker import load_plugin  # noqa: E402
 
 OP = {op!r}
@@ -138,6 +139,7 @@ def main() -> None:
 
 _ISOLATED = '''
 TIMEOUT_S = {timeout!r}
+MALLOC_CHECK = {malloc_check!r}  # the campaign ran under glibc's checking allocator: so does the child
 
 
 def child() -> None:
@@ -150,8 +152,9 @@ def main() -> None:
     if "--child" in sys.argv:
         return child()
     cmd = [sys.executable, __file__, "--child", *sys.argv[1:]]
+    env = {{**os.environ, **heap_check.environment()}} if MALLOC_CHECK else None
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired:
         raise AssertionError(f"hang: mncore gave no result within {{TIMEOUT_S}} s") from None
     if proc.returncode != 0 or "REPRO-COMPLETED" not in proc.stdout:
@@ -195,6 +198,7 @@ def render_repro(sig: str, original: Case, shrunk: Case, result: dict, meta: dic
     if kind in ("crash", "oom", "hang"):
         # the child imports torch and mncore (seconds) before it runs the step
         body = _ISOLATED.format(timeout=meta["case_timeout"] + 30, kind=kind, oracle=oracle,
+                                malloc_check=bool(meta.get("malloc_check")),
                                 step=_STEPS.get(oracle, _STEPS["lazy_vs_eager"]))
     elif kind == "accepts_invalid":
         body = _BODIES["accepts_invalid"]

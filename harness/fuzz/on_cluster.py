@@ -68,7 +68,7 @@ def run_on(c: Campaign, where: Cluster) -> dict:
     done = c.earlier_cases() if cfg.resume else set()
     (c.out / "campaign.json").write_text(json.dumps(cfg.identity(), indent=1) + "\n")
     common = {"identity": cfg.identity(), "case_timeout": cfg.case_timeout, "shrink_seconds": cfg.shrink_seconds,
-              "baseline": str(cfg.baseline), "base": os.getcwd()}
+              "baseline": str(cfg.baseline), "base": os.getcwd(), "malloc_check": cfg.malloc_check}
     failing: dict[str, list[tuple[Case, dict, dict | None]]] = {}  # new signatures: the cases that showed them
     lost: list[dict[str, Any]] = []
     tally = {"cases": 0, "starts": 0}

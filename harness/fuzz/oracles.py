@@ -401,6 +401,29 @@ _POOL_INDICES = {"max_pool2d_with_indices_backward": (7, 2), "max_pool3d_with_in
                  "fractional_max_pool2d_backward": (4, 2), "fractional_max_pool3d_backward": (4, 3)}
 
 
+def _attention_unfit(name: str, args: list) -> str:
+    """CPU's flash attention walks key and value by the query's batch and their shared length (its backward
+    writes gradients shaped like them), and its backward walks grad_out, out and logsumexp by the query's
+    sizes, a row of head-size values per query position, looking at none of their shapes."""
+    backward = name.endswith("_backward")
+    if len(args) < 3 + 5 * backward:
+        return ""
+    q, k, v = args[backward:backward + 3]
+    if q.dim() == k.dim() == v.dim() == 4 and (k.shape[:3] != v.shape[:3] or k.shape[0] != q.shape[0]
+                                               or k.shape[3] != q.shape[3] or not k.shape[1] or q.shape[1] % k.shape[1]):
+        return f"{name}: key or value does not fit the query (batch, heads, length or head size)"
+    if not backward:
+        return ""
+    forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    try:
+        want = meta_call(forward, [q, k, v, args[6], args[7]], {})
+    except Exception:  # noqa: BLE001 - the forward refuses these: nothing says what the backward may read
+        return f"{name}: the forward op refuses this query, key and value"
+    if (args[0].shape, args[4].shape, args[5].shape) != (want[0].shape, want[0].shape, want[1].shape):
+        return f"{name}: grad_out, out or logsumexp shaped unlike the forward op's results"
+    return ""
+
+
 def unsafe_for_eager(op: Any, args: list) -> str:
     """Why eager's kernel cannot run ``args`` safely ('' if it can); such a case has no eager reference."""
     name = op._schema.name.split("::")[-1].rstrip("_")
@@ -434,6 +457,16 @@ def unsafe_for_eager(op: Any, args: list) -> str:
         plane = args[1].shape[-at[1]:].numel()
         if args[at[0]].min() < 0 or args[at[0]].max() >= plane:
             return f"{name}: an index is outside the input's planes of {plane} positions"
+    if name in ("adaptive_max_pool2d_backward", "adaptive_max_pool3d_backward") and len(args) >= 3:
+        k = 2 if "2d" in name else 3  # each grad_output plane's gradient goes into the input's plane of that number
+        if args[0].shape[:-k].numel() > args[1].shape[:-k].numel():
+            return f"{name}: grad_output has more planes than the input"
+    if name == "fractional_max_pool3d_backward" and len(args) >= 5:
+        planes = args[1].shape[:-3].numel() * torch.Size(args[3]).numel()  # the input's planes of output_size
+        if min(args[0].numel(), args[4].numel()) < planes:
+            return f"{name}: grad_output or indices holds fewer values than the input's planes of output_size"
+    if name.startswith("_scaled_dot_product_flash_attention_for_cpu"):
+        return _attention_unfit(name, args)
     if name == "_weight_norm_interface" and len(args) >= 3 and -args[0].dim() <= args[2] < args[0].dim():
         g = args[1]  # the kernel writes one norm per slice of v into a new tensor laid out like g
         room = 1 + sum((n - 1) * st for n, st in zip(g.shape, g.stride())) if g.numel() else 0
@@ -444,6 +477,10 @@ def unsafe_for_eager(op: Any, args: list) -> str:
         if args[0].numel() < v.numel() or min(args[2].numel(), args[3].numel()) < v.shape[dim]:
             return "_weight_norm_interface_backward: grad_w, saved_g or saved_norms is smaller than v implies"
     return ""
+
+
+# CPU kernels that return the mean or sum of an empty batch without writing it (uninitialised memory)
+_UNWRITTEN_EMPTY_LOSS = {"multi_margin_loss", "multilabel_margin_loss_forward"}
 
 
 def reference_doubt(case: Case, op: Any, args: list, kwargs: dict, want: Any) -> str:
@@ -459,6 +496,16 @@ def reference_doubt(case: Case, op: Any, args: list, kwargs: dict, want: Any) ->
     or, for cases with a single-tensor shape or dtype mutation, reject the inputs eager CPU accepted
     (Context vs lazy, both mncore, is still checked then).
     """
+    name = op._schema.name.split("::")[-1]
+    if name == "_weight_norm_interface_backward" and len(args) >= 5 and args[1].dim() \
+            and -args[1].dim() <= args[4] < args[1].dim() and args[2].numel() > args[1].shape[args[4]]:
+        return "eager CPU writes grad_g for one saved_g value per slice of v and leaves the others unset"
+    if name in _UNWRITTEN_EMPTY_LOSS and args[0].numel() == 0:
+        schema = op._schema.arguments
+        given = {**{a.name: a.default_value for a in schema if a.has_default_value()},
+                 **dict(zip((a.name for a in schema), args)), **kwargs}
+        if given["reduction"] != 0:
+            return "eager CPU leaves the reduced loss of an empty batch unwritten (mncore: NaN mean, 0 sum)"
     if not is_random(op):
         again = op(*_fenced(args), **_fenced(kwargs))  # fresh storage already: no clone (it would drop the fence)
         if not compare(again, want):

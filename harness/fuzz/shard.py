@@ -35,7 +35,7 @@ def config(spec: dict[str, Any]) -> Config:
     ident = dict(spec["identity"])
     ident["registry"] = Path(ident["registry"]) if ident.get("registry") else None
     return Config(**ident, case_timeout=spec["case_timeout"], shrink_seconds=spec["shrink_seconds"],
-                  seconds=spec["seconds"], baseline=Path(spec["baseline"]))
+                  seconds=spec["seconds"], baseline=Path(spec["baseline"]), malloc_check=spec["malloc_check"])
 
 
 def run(spec: dict[str, Any], log: Path) -> dict[str, Any]:
@@ -43,7 +43,7 @@ def run(spec: dict[str, Any], log: Path) -> dict[str, Any]:
     worker gave it: the driver judges it), with what confirming a new signature found;
     ``{"setup_error": message}`` when the worker cannot start (a bad backend or plugin)."""
     cfg = config(spec)
-    worker = Worker(cfg.backend, cfg.plugin, log, cfg.case_timeout, base=spec["base"])
+    worker = Worker(cfg.backend, cfg.plugin, log, cfg.case_timeout, base=spec["base"], malloc_check=cfg.malloc_check)
     try:
         worker.prepare()
         rows, known, baseline = select_rows(cfg), expected.load(), load_baseline(cfg.baseline)

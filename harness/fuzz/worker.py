@@ -6,7 +6,9 @@ crash-heavy campaigns and the shrinker's fresh-worker confirmations cheap). The 
 starts in a clean interpreter, so no parent state or threads are inherited. A worker initialises
 mncore on the backend, imports the plugin module if any, and then answers one case at a time,
 announcing each phase (``eager``, then the oracle it is in) so that a crash or hang is attributed
-to the oracle that was running. Its stdout and stderr go to a log file (fault handler on).
+to the oracle that was running. Its stdout and stderr go to a log file (fault handler on). With
+``malloc_check`` the fork server, and so every worker, runs under glibc's checking allocator
+(``harness.fuzz.heap_check``).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cells import die_with_parent, exit_kind, kill_group, log_tail, main_module_hidden
+from harness.fuzz import heap_check
 
 _PRELOAD = ["torch", "mncore", "mncore.context", "harness.fuzz.oracles", "harness.fuzz.warmup"]
 # One tiny case run by every worker before it reports ready (first-call costs of tracing, compiling
@@ -116,13 +119,47 @@ class WorkerSetupError(RuntimeError):
     """The worker could not start (bad backend string, plugin import error, ...)."""
 
 
+_server_env: dict[str, str] | None = None  # what this process's fork server was started with
+
+
+def _ensure_server(env: dict[str, str]) -> None:
+    """Start multiprocessing's fork server (one per process, unless it is running) with ``env`` added to
+    its environment: LD_PRELOAD takes effect only when a process starts, and every worker is forked
+    from this one."""
+    global _server_env
+    from multiprocessing import forkserver
+
+    if _server_env is not None and _server_env != env:
+        raise WorkerSetupError("this process's fuzz workers already run " + ("with" if _server_env else "without")
+                               + " glibc's checking allocator: a campaign with the other --malloc-check setting "
+                                 "needs a process of its own")
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        with main_module_hidden():
+            forkserver.ensure_running()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+    _server_env = env
+
+
 class Worker:
     """One worker process at a time; ``run`` returns an outcome dict even when the worker dies."""
 
-    def __init__(self, backend: str, plugin: str | None, log_path: Path, case_timeout: float, base: str | None = None):
-        """``base``: the directory a plugin given as a relative path or file is found under (default: here)."""
+    def __init__(self, backend: str, plugin: str | None, log_path: Path, case_timeout: float, base: str | None = None,
+                 malloc_check: bool = False):
+        """``base``: the directory a plugin given as a relative path or file is found under (default: here);
+        ``malloc_check``: run under glibc's checking allocator (WorkerSetupError where glibc lacks it)."""
         self.backend, self.plugin, self.log_path, self.case_timeout = backend, plugin, Path(log_path), case_timeout
         self.base = base or os.getcwd()
+        try:
+            self.env = heap_check.environment() if malloc_check else {}
+        except ValueError as e:
+            raise WorkerSetupError(str(e)) from None
         self.proc: Any = None
         self.conn: Any = None
         self.restarts = 0
@@ -133,11 +170,10 @@ class Worker:
 
     def prepare(self) -> None:
         """Launch the fork server now, so its imports overlap with whatever the caller does next."""
-        from multiprocessing import forkserver
-
-        forkserver.ensure_running()
+        _ensure_server(self.env)
 
     def start(self) -> None:
+        _ensure_server(self.env)  # Process.start would restart a dead fork server without the environment
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         parent, child = self._ctx.Pipe()
         self.proc = self._ctx.Process(target=_worker_main, daemon=True,
@@ -199,10 +235,13 @@ class Worker:
             kill_group(self.proc.pid)
         self._reap()
 
-    def _log_tail(self, n: int = 4000) -> str:
-        """The worker's last output (fault handler traceback, abort message), without case markers."""
-        lines = [line for line in log_tail(self.log_path, n).splitlines()[1:] if not line.startswith("--- case ")]
-        return "\n".join(lines)[-1500:] or "(no output)"
+    def _log_tail(self, n: int = 8000) -> str:
+        """What the worker printed in the case that killed it: the abort message and then the fault
+        handler's frames, innermost first, so the start is what matters (the list of extension
+        modules at the end is left out)."""
+        text = log_tail(self.log_path, n).rpartition("\n--- case ")[2]
+        lines = [line for line in text.splitlines()[1:] if not line.startswith("Extension modules:")]
+        return "\n".join(lines).strip()[:1500] or "(no output)"
 
     def run(self, case_json: dict) -> dict:
         """Run one case; a dead worker gives ``kind=crash``, a stuck one ``kind=hang`` (and is killed)."""

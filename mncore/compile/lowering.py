@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 
 from mncore.compile import value_checks
-from mncore.ir.ops import LAZY_BIT_VIEWS
+from mncore.ir.ops import LAZY_BIT_VIEWS, named_args
 from mncore.ir.targets import MutateFn
 
 aten = torch.ops.aten
@@ -34,6 +34,22 @@ def _pdist_backward_of_no_rows(grad: torch.Tensor, x: torch.Tensor, p: float, pd
         aten._pdist_backward.default(grad.new_ones(1), x.new_zeros(2, 1), p, pdist.new_ones(1))
         return torch.zeros_like(x)
     return aten._pdist_backward.default(grad, x, p, pdist)
+
+
+def _margin_loss_of_no_rows(op: Any) -> Callable:
+    """CPU's ``multi_margin_loss`` and ``multilabel_margin_loss_forward`` leave the reduced loss of an empty
+    batch unwritten (eager returns whatever the allocation held, and two runs differ). Give it the value
+    PyTorch's other losses give: NaN for the mean of nothing, 0 for the sum."""
+    def run(*args: Any, **kwargs: Any) -> Any:
+        res = op(*args, **kwargs)
+        loss = res[0] if isinstance(res, tuple) else res
+        a = named_args(op, args, kwargs)
+        if a["self"].numel() == 0 and a["reduction"] != 0:  # 1: mean, 2: sum
+            loss.fill_(float("nan") if a["reduction"] == 1 else 0.0)
+        return res
+
+    run.__name__ = f"{op._schema.name.split('::')[-1]}_of_no_rows"
+    return run
 
 
 def _on_dense_copies(op: Any) -> Callable:
@@ -76,6 +92,8 @@ _BUILTIN: dict[Any, Callable] = {
     aten._unsafe_view.default: aten.reshape.default,
     aten.histc.default: _histc_any_dtype,
     aten._pdist_backward.default: _pdist_backward_of_no_rows,
+    aten.multi_margin_loss.default: _margin_loss_of_no_rows(aten.multi_margin_loss.default),
+    aten.multilabel_margin_loss_forward.default: _margin_loss_of_no_rows(aten.multilabel_margin_loss_forward.default),
     **LAZY_BIT_VIEWS,
     **value_checks.SUBSTITUTES,
     **{op: _on_dense_copies(op) for op in _FUSED_OPTIMIZERS},

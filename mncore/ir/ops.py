@@ -64,6 +64,15 @@ METADATA_INPLACE = frozenset({
 })
 
 
+def named_args(op: Any, args: Any, kwargs: dict) -> dict:
+    """An op's arguments by schema name, defaults included."""
+    schema = op._schema.arguments
+    named = {s.name: s.default_value for s in schema if s.has_default_value()}
+    named.update(zip((s.name for s in schema), args))
+    named.update(kwargs)
+    return named
+
+
 def _liftable_type(t: Any) -> bool:
     """Schema positions whose Python floats may be lifted to graph inputs (str() of the JIT type)."""
     return str(t) in _LIFTABLE_TYPES

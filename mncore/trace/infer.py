@@ -1,6 +1,7 @@
 """Shape inference on meta tensors, cached per op signature (op, non-tensor arguments, input metadata)."""
 from __future__ import annotations
 
+import math
 from time import perf_counter
 from typing import Any
 
@@ -8,6 +9,7 @@ import torch
 
 from mncore.errors import layout_error
 from mncore.ir.meta import meta_of
+from mncore.ir.ops import named_args
 from mncore.ir.targets import MutateFn
 from mncore.ir.values import DEV, OpSig, ScalarMarker, T
 from mncore.observe import metrics
@@ -100,21 +102,12 @@ def _unreduced_1d_multilabel_loss(args: list, kwargs: dict, out: tuple) -> tuple
     return (out[0].reshape(()), *out[1:]) if args[0].dim() == 1 and reduction == 0 else out
 
 
-def _named_args(op: Any, args: list, kwargs: dict) -> dict:
-    """An op's arguments by schema name, defaults included."""
-    schema = op._schema.arguments
-    named = {s.name: s.default_value for s in schema if s.has_default_value()}
-    named.update(zip((s.name for s in schema), args))
-    named.update(kwargs)
-    return named
-
-
 def _embedding_bag(args: list, kwargs: dict, out: tuple) -> tuple:
     """``_embedding_bag``'s bookkeeping outputs as the CPU kernel shapes them (meta's differ): a bag count
     less the closing offset with ``include_last_offset``, ``max_indices`` of one entry per bag outside
     ``max`` mode, and no ``offset2bag`` on the kernel's fast sum path (float32/16 or bfloat16 rows, unit
     strides, no padding index)."""
-    a = _named_args(torch.ops.aten._embedding_bag.default, args, kwargs)
+    a = named_args(torch.ops.aten._embedding_bag.default, args, kwargs)
     weight, scale = a["weight"], a["per_sample_weights"]
     bags = a["offsets"].size(0) - (1 if a["include_last_offset"] else 0)
     fast_sum = (a["mode"] == 0 and a["padding_idx"] < 0 and weight.stride(1) == 1
@@ -152,7 +145,46 @@ def _unsafe_sizes(target: Any, args: list, kwargs: dict) -> str:
     fuzzing). mncore refuses such a call at the op."""
     op = target.op if isinstance(target, MutateFn) else target
     name = getattr(op, "__name__", "")
-    return _unmatched_list(op, name, args, kwargs) or _short_argument(name, args) or _channels(op, name, args, kwargs)
+    return (_unmatched_list(op, name, args, kwargs) or _short_argument(name, args) or _channels(op, name, args, kwargs)
+            or _attention(name, args, kwargs))
+
+
+_ATTENTION = {"_scaled_dot_product_flash_attention_for_cpu.default",
+              "_scaled_dot_product_flash_attention_for_cpu_backward.default"}
+
+
+def _attention(name: str, args: list, kwargs: dict) -> str:
+    """CPU's flash attention walks key and value by the query's batch and their shared length, and its
+    backward writes gradients shaped like them; a smaller one is read, and in backward written, past its end
+    (found by fuzzing: a value with one batch of two corrupted the heap). Its backward also reads
+    ``grad_out``, ``out`` and ``logsumexp`` by the query's sizes, one row of head-size values per query
+    position: each must have the shape the forward op gives."""
+    if name not in _ATTENTION:
+        return ""
+    backward = name.startswith("_scaled_dot_product_flash_attention_for_cpu_backward")
+    query, key, value = args[backward:backward + 3]
+    op = name.split(".")[0]
+    if query.dim() == key.dim() == value.dim() == 4 and (
+            key.shape[:3] != value.shape[:3] or key.shape[0] != query.shape[0] or key.shape[3] != query.shape[3]
+            or key.shape[1] == 0 or query.shape[1] % key.shape[1]):
+        return (f"mncore: {op}: query {list(query.shape)}, key {list(key.shape)} and value {list(value.shape)} do "
+                "not fit: key and value need the same batch, heads and length, key the query's batch and head "
+                "size, and the query's heads must be a multiple of key's; the CPU kernel would read past the "
+                "smaller tensor")
+    if not backward or len(args) < 8:
+        return ""
+    grad_out, out, logsumexp, dropout_p, is_causal = args[0], args[4], args[5], args[6], args[7]
+    forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    want, want_lse = forward(*(t.to("meta") for t in (query, key, value)), dropout_p, is_causal,
+                             attn_mask=None if kwargs.get("attn_mask") is None else kwargs["attn_mask"].to("meta"),
+                             scale=kwargs.get("scale"))
+    for arg, t, shape in (("grad_out", grad_out, want.shape), ("out", out, want.shape),
+                          ("logsumexp", logsumexp, want_lse.shape)):
+        if t.shape != shape:
+            return (f"mncore: {op}: {arg} has shape {list(t.shape)}, but the forward op gives {list(shape)} for this "
+                    f"query, key and value, and the kernel reads it by that shape; pass the forward op's "
+                    f"{'output and its gradient' if arg != 'logsumexp' else 'logsumexp'}")
+    return ""
 
 
 def _unmatched_list(op: Any, name: str, args: list, kwargs: dict) -> str:
@@ -179,7 +211,8 @@ def _unmatched_list(op: Any, name: str, args: list, kwargs: dict) -> str:
 
 
 def _short_argument(name: str, args: list) -> str:
-    """An argument holding fewer values than the kernel reads from it (more are read as eager reads them)."""
+    """An argument holding fewer values than the kernel reads from it (more are read as eager reads them), or
+    a saved g of weight norm's backward with more values than the gradient the kernel writes."""
     fix = "pass the tensors the forward op returned"
     if name == "_weight_norm_interface.default" and len(args) >= 3:
         v, g, dim = args[:3]  # the kernel also writes one norm per slice into a tensor laid out like g
@@ -192,8 +225,25 @@ def _short_argument(name: str, args: list) -> str:
         reads = [("grad", grad.numel(), pairs), ("pdist", pdist.numel(), pairs)]
     elif name == "_weight_norm_interface_backward.default" and len(args) >= 5:
         grad_w, v, g, norms, dim = args[:5]
+        if g.numel() > _slices(v, dim):  # grad_g is laid out like saved_g: the values past the slices stay unset
+            return (f"mncore: _weight_norm_interface_backward: saved_g holds {g.numel()} values, but v has "
+                    f"{_slices(v, dim)} slices along dim {dim} and the kernel writes one gradient value per slice "
+                    f"into a tensor shaped like saved_g, leaving the rest unset; {fix}")
         reads = [("grad_w", grad_w.numel(), v.numel()), ("saved_g", g.numel(), _slices(v, dim)),
                  ("saved_norms", norms.numel(), _slices(v, dim))]
+    elif name in ("adaptive_max_pool2d_backward.default", "adaptive_max_pool3d_backward.default") and len(args) >= 3:
+        k = 2 if "2d" in name else 3  # the gradient of grad_output's plane i goes into plane i of the input's
+        grad, x = args[:2]
+        if _planes(grad, k) > _planes(x, k):
+            return (f"mncore: {name.split('.')[0]}: grad_output has {_planes(grad, k)} planes but the input "
+                    f"{_planes(x, k)}, and the kernel writes each grad_output plane's gradient into the input's "
+                    f"plane of the same number; pass the gradient of the pooling op's output")
+        return ""
+    elif name == "fractional_max_pool3d_backward.default" and len(args) >= 5:
+        grad, x, _, output_size, indices = args[:5]  # read as the input's planes of output_size positions
+        needed = _planes(x, 3) * math.prod(output_size)
+        reads = [("grad_output", grad.numel(), needed), ("indices", indices.numel(), needed)]
+        fix = "pass the gradient and indices of the pooling op's output"
     else:
         return ""
     for arg, has, needed in reads:
@@ -215,7 +265,7 @@ def _channels(op: Any, name: str, args: list, kwargs: dict) -> str:
     base = name.split(".")[0]
     if base not in _BATCH_NORMS:
         return ""
-    a = _named_args(op, args, kwargs)
+    a = named_args(op, args, kwargs)
     x = a.get("input")
     if not isinstance(x, torch.Tensor) or x.dim() < 2:
         return ""
@@ -229,6 +279,11 @@ def _channels(op: Any, name: str, args: list, kwargs: dict) -> str:
             return (f"mncore: {base}: {arg} should contain {x.shape[1]} elements (one per channel of the input) "
                     f"not {t.numel()}")
     return ""
+
+
+def _planes(t: torch.Tensor, dims: int) -> int:
+    """How many planes of its last ``dims`` dimensions a pooling op's tensor holds."""
+    return math.prod(t.shape[:-dims]) if t.dim() > dims else 1
 
 
 def _slices(v: torch.Tensor, dim: int) -> int:
