@@ -633,3 +633,23 @@ def test_codegen_dir_says_why_there_is_no_model_onnx(env, tmp_path):
     reasons = [json.loads(m.read_text())["onnx"] for m in (tmp_path / "lazy").glob("*/manifest.json")]
     assert reasons and all(not r["written"] and r["reason"] for r in reasons)
     assert not list((tmp_path / "lazy").glob("*/model.onnx"))
+
+
+def test_a_built_in_substitute_is_classed_and_costed_as_the_op_it_runs():
+    """Found when a substitute for ``_grouped_mm`` lost the emulated board's operand rounding: the kernels mncore
+    runs for some ops are plain functions, and the compiler took them for elementwise code (max-pooling's
+    gradient was fused and timed as an elementwise kernel, fused optimizer steps too)."""
+    from mncore.compile.fusion import op_class
+    from mncore.compile.lowering import lower
+
+    aten = torch.ops.aten
+    for op in (aten.max_pool2d_with_indices_backward.default, aten.embedding_dense_backward.default,
+               aten._grouped_mm.default, aten.histc.default, aten._ctc_loss.Tensor):
+        assert lower(op) is not op and base_op(lower(op)) is op
+        assert op_class(lower(op)) == op_class(op) != "elementwise", op
+    from mncore.ir import ops
+    from mncore.ir.targets import MutateFn
+
+    adam = aten._fused_adam_.default  # traced as a wrapper that writes its lists, around a substitute
+    wrapper = MutateFn(adam, ops.info_for(adam))
+    assert base_op(lower(wrapper)) is adam and op_class(lower(wrapper)) == op_class(wrapper) == "opaque"

@@ -185,6 +185,36 @@ def test_first_run_writes_an_entry_that_the_next_run_loads(env, tmp_path):
     assert m2 == {"compiles": 0, "disk_cache_hits": 1, "disk_cache_misses": 0, "disk_cache_corrupt": 0}
 
 
+def test_graphs_with_built_in_substitutes_are_cached_and_loaded(env, tmp_path):
+    """A training step whose graph runs mncore's checked embedding gradient and fused Adam on dense copies
+    (substitutes made per op, closures) used to be compiled in every process: it could not be written. Its
+    entry is written once and loaded by the next run, which computes eager's values."""
+    env.setenv("MNCORE_CACHE_DIR", str(tmp_path / "cache"))
+    idx = torch.tensor([1, 2, 2, 7])
+
+    def train(device: str) -> tuple[torch.Tensor, dict]:
+        compile_cache.clear()
+        before = mncore.metrics.counters()
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(10, 4).to(device)
+        opt = torch.optim.Adam(emb.parameters(), lr=0.1, fused=True)
+        emb(idx.to(device)).pow(2).sum().backward()
+        opt.step()
+        mncore.sync()
+        after = mncore.metrics.counters()
+        return emb.weight.detach().cpu(), {k: after[k] - before[k] for k in COUNTERS}
+
+    want = train("cpu")[0]
+    first, m = train("mncore")
+    torch.testing.assert_close(first, want, rtol=RTOL, atol=ATOL)
+    assert m["disk_cache_misses"] >= 1 and m["disk_cache_hits"] == 0
+    assert len(list((tmp_path / "cache").glob("*.mnx"))) == m["disk_cache_misses"]
+    second, m2 = train("mncore")
+    torch.testing.assert_close(second, want, rtol=RTOL, atol=ATOL)
+    assert m2["compiles"] == m2["disk_cache_misses"] == m2["disk_cache_corrupt"] == 0
+    assert m2["disk_cache_hits"] == m["disk_cache_misses"]
+
+
 @pytest.mark.parametrize("how", ["flip", "truncate", "header", "empty"])
 def test_corrupt_entry_is_warned_recompiled_and_replaced(env, tmp_path, how):
     env.setenv("MNCORE_CACHE_DIR", str(tmp_path / "cache"))

@@ -150,6 +150,16 @@ def test_failure_in_flight_at_exit_is_reported():
     assert "a graph failed after the last sync()" in r.stderr and "embedding" in r.stderr, r.stderr
 
 
+def test_failure_the_user_read_is_not_reported_again_at_exit():
+    """The report at exit says nothing read the failed graph's results: after a read raised the error that
+    would be false (it was printed on every such run)."""
+    code = ("import torch, mncore\nmncore.init_cpu(implicit_sync='silent')\nt = torch.randn(10, 4).mncore()\n"
+            "out = torch.nn.functional.embedding(torch.tensor([99]).mncore(), t)\nmncore.sync()\ntry:\n"
+            "    out.cpu()\nexcept mncore.DeviceExecutionError as e:\n    print('raised', 'embedding' in str(e))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "raised True" and "failed after the last sync()" not in r.stderr, (r.stdout, r.stderr)
+
+
 def test_host_to_device_copy_counts_against_simulated_dram(sim_env):
     """Reproduced first: ``.mncore()`` of 12 MB on a 1 MB board succeeded and the OOM hit a later graph."""
     mncore.init("emu2")

@@ -7,6 +7,7 @@ command line in a subprocess, with case budgets so that they are deterministic.
 """
 from __future__ import annotations
 
+import ctypes.util
 import json
 import os
 import signal
@@ -387,6 +388,8 @@ def test_fuzz_cluster_options_are_checked_before_anything_runs(tmp_path: Path, m
     assert not out.exists()
 
 
+@pytest.mark.skipif(ctypes.util.find_library("c_malloc_debug") is None,
+                    reason="glibc older than 2.34 has no checking allocator to preload (libc_malloc_debug.so.0)")
 def test_malloc_check_crashes_the_case_that_writes_past_its_buffer(tmp_path: Path) -> None:
     """With ``--malloc-check`` a lowering that writes one byte past its output (nothing fails at once) is a
     crash of its own op, confirmed in a fresh worker, and its repro script crashes the same way."""
@@ -409,8 +412,10 @@ def test_malloc_check_needs_glibcs_checking_allocator(tmp_path: Path, monkeypatc
 
     monkeypatch.setenv("LD_PRELOAD", "libmine.so")
     monkeypatch.setattr(heap_check.ctypes.util, "find_library", lambda name: f"lib{name}.so.0")
-    assert heap_check.environment() == {"LD_PRELOAD": "libc_malloc_debug.so.0 libmine.so", "MALLOC_CHECK_": "3"}
+    assert heap_check.environment() == {"LD_PRELOAD": "libc_malloc_debug.so.0 libmine.so", "MALLOC_CHECK_": "3",
+                                        "LIBC_FATAL_STDERR_": "1"}
     monkeypatch.setattr(heap_check.ctypes.util, "find_library", lambda name: None)
+    monkeypatch.setattr(heap_check, "_DIRS", ())  # nor in any directory
     out = tmp_path / "o"
     assert cli.main(["fuzz", "--cases", "1", "--malloc-check", "--out", str(out)]) == 2
     assert "glibc 2.34 or newer" in capsys.readouterr().err
@@ -707,6 +712,25 @@ def test_cases_eagers_kernel_cannot_run_safely_are_skipped_before_it_runs(tmp_pa
     zeros = torch.zeros(2, 3, 1, 1, **i64)
     assert "more planes than the input" in unsafe_for_eager(pool, [torch.ones(2, 3, 1, 1), plane, zeros])
     assert unsafe_for_eager(pool, [torch.ones(1, 2, 1, 1), torch.zeros(2, 2, 2, 2), zeros[:1, :2]]) == ""
+    cdist = torch.ops.aten._cdist_backward.default  # reads a gradient and a distance per pair of rows (found: 4e22)
+    x1, x2 = torch.zeros(2, 16), torch.zeros(3, 16)
+    assert unsafe_for_eager(cdist, [torch.ones(2, 3), x1, x2, 2.0, torch.ones(2, 3)]) == ""
+    assert "fewer values than x1 and x2 have pairs" in unsafe_for_eager(cdist, [torch.ones(2, 1), x1, x2, 2.0,
+                                                                                torch.ones(2, 3)])
+    # oneDNN's RNN layer backward trusts every size, its workspace's too (found: eager corrupting the heap)
+    rnn = torch.ops.aten.mkldnn_rnn_layer_backward.default
+    x, hx, w_ih, w_hh, bias = torch.zeros(5, 3, 4), torch.zeros(3, 6), torch.zeros(24, 4), torch.zeros(24, 6), torch.zeros(24)
+    out, hy, cy, ws = torch.ops.aten.mkldnn_rnn_layer(x, w_ih, w_hh, bias, bias, hx, hx, False, [], 2, 6, 1, True, False,
+                                                      False, True)
+    tail = [None, None, False, 2, 6, 1, True, True, False, [], False]
+    assert unsafe_for_eager(rnn, [x, w_ih, w_hh, bias, bias, hx, hx, out, hy, cy, out, *tail, ws]) == ""
+    assert "shaped unlike the input" in unsafe_for_eager(rnn, [x, w_ih, w_hh, bias, bias, hx[:1], hx, out, hy, cy, out,
+                                                               *tail, ws])
+    assert "workspace is smaller" in unsafe_for_eager(rnn, [x, w_ih, w_hh, bias, bias, hx, hx, out, hy, cy, out, *tail,
+                                                            ws[:1]])
+    avg3d = torch.ops.aten._adaptive_avg_pool3d_backward.default  # 3-D: a grad_output plane per input plane
+    assert "fewer planes than the input" in unsafe_for_eager(avg3d, [torch.ones(1, 1, 2, 2, 2), torch.ones(1, 3, 4, 4, 4)])
+    assert unsafe_for_eager(avg3d, [torch.ones(1, 3, 2, 2, 2), torch.ones(1, 1, 4, 4, 4)]) == ""
     frac = torch.ops.aten.fractional_max_pool3d_backward.default
     volume = torch.zeros(2, 3, 4, 4, 4)
     assert unsafe_for_eager(frac, [torch.ones(2, 3, 2, 2, 2), volume, [2] * 3, [2] * 3, torch.zeros(2, 3, 2, 2, 2, **i64)]) == ""
@@ -723,7 +747,22 @@ def test_cases_eagers_kernel_cannot_run_safely_are_skipped_before_it_runs(tmp_pa
                     torch.zeros(2, 2, 3), 0.0, False])
     forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     assert unsafe_for_eager(forward, [torch.zeros(1, 4, 3, 4), kv, kv]) == ""  # grouped-query: heads a multiple
+    # eager's _embedding_bag reads offsets as if contiguous (found: [0, 0] at stride 2 read as [0, 4])
+    bag_forward, offsets = torch.ops.aten._embedding_bag.default, torch.tensor([0, 9, 0])
+    assert unsafe_for_eager(bag_forward, [torch.ones(4, 2), torch.tensor([1]), offsets[::2].contiguous()]) == ""
+    assert "strided offsets" in unsafe_for_eager(bag_forward, [torch.ones(4, 2), torch.tensor([1]), offsets[::2]])
     assert "does not fit the query" in unsafe_for_eager(forward, [torch.zeros(1, 3, 3, 4), kv, kv])
+    # torchvision's RoI kernels read (backward: write) the image column 0 of each box names (found: NaN gradients)
+    pytest.importorskip("torchvision")  # registers torch.ops.torchvision
+    roi, roi_backward = torch.ops.torchvision.roi_align.default, torch.ops.torchvision._roi_align_backward.default
+    boxes = torch.tensor([[1.9, 0.0, 0.0, 3.0, 3.0]])  # truncated: image 1
+    assert unsafe_for_eager(roi, [torch.zeros(2, 1, 4, 4), boxes, 1.0, 2, 2, 2, False]) == ""
+    assert "outside the batch of 1" in unsafe_for_eager(roi, [torch.zeros(1, 1, 4, 4), boxes, 1.0, 2, 2, 2, False])
+    assert "outside the batch of 1" in unsafe_for_eager(roi_backward, [torch.ones(1, 1, 2, 2), boxes, 1.0, 2, 2, 1, 1,
+                                                                       4, 4, 2, False])
+    assert unsafe_for_eager(roi_backward, [torch.ones(1, 1, 2, 2), boxes, 1.0, 2, 2, 2, 1, 4, 4, 2, False]) == ""
+    assert "shaped unlike the forward output [1, 1, 2, 2]" in unsafe_for_eager(
+        roi_backward, [torch.ones(1, 1, 2, 1), boxes, 1.0, 2, 2, 2, 1, 4, 4, 2, False])
 
 
 def test_margin_loss_of_an_empty_batch_has_no_eager_reference_but_context_still_checks_lazy(tmp_path: Path) -> None:
@@ -762,3 +801,22 @@ def test_weight_norm_backward_with_extra_saved_g_values_has_no_eager_reference(t
     case["args"][2:4] = [tensor([1, 1, 4]), tensor([1, 1, 4])]
     res = run_case(Case.from_json(case), context=_context(), codegen_dir=str(tmp_path))
     assert res["status"] == "pass" and res["checks"]["lazy_vs_eager"] == "pass", res
+
+
+def test_grouped_mm_on_rows_no_group_covers_has_no_eager_reference() -> None:
+    """Eager's ``_grouped_mm`` and its backward leave what no group covers unset (found fuzzing: a gradient
+    mismatch of up to 3e29 with an empty offsets tensor): no reference there; full coverage has one."""
+    from harness.fuzz.oracles import left_unset
+
+    op, int32 = torch.ops.aten._grouped_mm.default, dict(dtype=torch.int32)
+    a, b = torch.ones(8, 4), torch.ones(2, 4, 4)
+    assert left_unset(op, [a, b, torch.tensor([3, 8], **int32)]) == ""
+    assert "2 of 8 grouped rows" in left_unset(op, [a, b, torch.tensor([3, 6], **int32)])
+    assert "2 of 8 grouped rows" in left_unset(op, [a, b, torch.tensor([3, 6], **int32)], gradient=True)
+    # 2-D by 2-D: the output is whole unless a group is empty; the gradient's columns past the last offset are not
+    flat = [torch.ones(4, 8), torch.ones(8, 4)]
+    assert left_unset(op, [*flat, torch.tensor([4, 6], **int32)]) == ""
+    assert "2 of 8 grouped rows" in left_unset(op, [*flat, torch.tensor([4, 6], **int32)], gradient=True)
+    assert "1 empty group" in left_unset(op, [*flat, torch.tensor([4, 4, 8], **int32)])
+    assert left_unset(op, [*flat, torch.zeros(0, **int32)]) == ""  # no groups: an empty result
+    assert left_unset(op, [torch.ones(2, 4, 4), torch.ones(2, 4, 4), None]) == ""

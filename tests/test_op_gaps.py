@@ -3,7 +3,10 @@ metadata ops (and what uses them: ``stft``, ``quantile``, ``nn.LSTM``), eval-mod
 tensor indices on the device, derivatives without mncore kernels, and a clear refusal of sparse layouts."""
 from __future__ import annotations
 
+import contextlib
 import copy
+import ctypes
+from typing import Iterator
 
 import pytest
 import torch
@@ -593,30 +596,44 @@ def test_weight_norm_backward_with_more_saved_g_values_than_slices_is_refused_no
 
 
 def test_pool_backward_with_planes_unlike_the_inputs_is_refused_not_a_crash():
-    """Found by fuzzing (a worker crash a fresh worker did not reproduce): CPU's ``adaptive_max_pool2d/3d_backward``
-    writes the gradient of each ``grad_output`` plane into the input's plane of the same number, so more planes
-    than the input has are written past its end (eager's too); ``fractional_max_pool3d_backward`` reads the
-    gradient and indices as the input's planes, so fewer values are read past. mncore refuses both, naming the
-    counts; ``grad_output`` with fewer planes (the kernel leaves the others zero) still gives eager's gradient,
-    and so does each op's own gradient in float64."""
+    """Found by fuzzing (worker crashes a fresh worker did not reproduce): CPU's 2-D adaptive pooling backward
+    ops (max and average) write the gradient of each ``grad_output`` plane into the input's plane of the same
+    number, so more planes than the input has are written past its end; the 3-D ones read a ``grad_output``
+    plane for each input plane, so fewer are read past (for max pooling, its indices too, and then written
+    anywhere: a segmentation fault); ``fractional_max_pool3d_backward`` reads the gradient and indices as the
+    input's planes. Eager's kernels do all this too. mncore refuses these calls, naming the counts; the safe
+    direction (the kernel reads only what it needs, or leaves the other planes zero) still gives eager's
+    gradient, and so does each op's own gradient in float64."""
     aten = torch.ops.aten
     long = dict(dtype=torch.long)
 
     def dev(*ts: torch.Tensor) -> list[torch.Tensor]:
         return [t.to("mncore") for t in ts]
 
-    with pytest.raises(RuntimeError, match="grad_output has 6 planes but the input 2"):
+    with pytest.raises(RuntimeError, match="grad_output has 6 planes but the input 2, and the kernel writes"):
         aten.adaptive_max_pool2d_backward(*dev(torch.ones(2, 3, 3, 3), torch.ones(2, 1, 6, 6), torch.zeros(2, 3, 3, 3, **long)))
-    with pytest.raises(RuntimeError, match="grad_output has 3 planes but the input 1"):
-        aten.adaptive_max_pool3d_backward(*dev(torch.ones(3, 1, 2, 2), torch.ones(1, 2, 4, 4), torch.zeros(3, 1, 2, 2, **long)))
-    fewer = (torch.ones(2, 1, 3, 3), torch.ones(2, 3, 6, 6), torch.arange(9).reshape(1, 1, 3, 3).expand(2, 1, 3, 3) * 4)
-    torch.testing.assert_close(aten.adaptive_max_pool2d_backward(*dev(*fewer)).cpu(), aten.adaptive_max_pool2d_backward(*fewer))
+    with pytest.raises(RuntimeError, match="grad_output has 3 planes but the input 2, and the kernel writes"):
+        aten._adaptive_avg_pool2d_backward(*dev(torch.ones(3, 1, 3, 3), torch.ones(2, 1, 1, 1)))
+    with pytest.raises(RuntimeError, match="grad_output has 1 planes but the input 3, and the kernel reads"):
+        aten.adaptive_max_pool3d_backward(*dev(torch.ones(1, 1, 2, 2, 2), torch.ones(1, 3, 4, 4, 4),
+                                               torch.zeros(1, 1, 2, 2, 2, **long)))
+    with pytest.raises(RuntimeError, match="grad_output has 1 planes but the input 3, and the kernel reads"):
+        aten._adaptive_avg_pool3d_backward(*dev(torch.ones(1, 1, 2, 2, 2), torch.ones(1, 3, 4, 4, 4)))
+    safe = {  # the direction each kernel handles: eager's answer is defined there
+        aten.adaptive_max_pool2d_backward: (torch.ones(2, 1, 3, 3), torch.ones(2, 3, 6, 6),
+                                            torch.arange(9).reshape(1, 1, 3, 3).expand(2, 1, 3, 3) * 4),
+        aten._adaptive_avg_pool2d_backward: (torch.ones(1, 1, 2, 2), torch.ones(1, 3, 4, 4)),
+        aten._adaptive_avg_pool3d_backward: (torch.ones(1, 3, 2, 2, 2), torch.ones(1, 1, 4, 4, 4)),
+    }
+    for op, args in safe.items():
+        torch.testing.assert_close(op(*dev(*args)).cpu(), op(*args))
     g, x, i = dev(torch.ones(2, 1, 2, 3, 3), torch.ones(2, 3, 4, 6, 6), torch.zeros(2, 1, 2, 3, 3, **long))
     with pytest.raises(RuntimeError, match="grad_output holds 36 values, but the kernel reads 108"):
         aten.fractional_max_pool3d_backward(g, x, [2, 2, 2], [2, 3, 3], i)
     torch.manual_seed(0)
     samples = torch.rand(2, 3, 3, dtype=torch.float64)  # fractional pooling's random offsets, one per plane
     for pool in (lambda t: F.adaptive_max_pool2d(t.flatten(1, 2), 3), lambda t: F.adaptive_max_pool3d(t, 2),
+                 lambda t: F.adaptive_avg_pool2d(t.flatten(1, 2), 3), lambda t: F.adaptive_avg_pool3d(t, 3),
                  lambda t: F.fractional_max_pool3d(t, 2, output_size=2, _random_samples=samples.to(t.device))):
         x = torch.randn(2, 3, 4, 6, 6, dtype=torch.float64)
         xe, xd = x.clone().requires_grad_(), x.to("mncore").requires_grad_()
@@ -651,9 +668,148 @@ def test_flash_attention_backward_with_tensors_unlike_the_forwards_is_refused_no
     with pytest.raises(RuntimeError, match=r"value \[1, 4, 2, 8\] do not fit"):
         aten._scaled_dot_product_flash_attention_for_cpu_backward(
             *[t.to("mncore") for t in (grad, q, k, v[:1], out, lse)], 0.0, False)
+    with pytest.raises(RuntimeError, match=r"accepts only 4-D query, key and value .* got 3-D"):  # as eager's kernel
+        aten._scaled_dot_product_flash_attention_for_cpu(*[t[0].to("mncore") for t in (q, k, v)], 0.0, False)
     with pytest.raises(RuntimeError, match=r"the query's heads must be a multiple of key's"):
         aten._scaled_dot_product_flash_attention_for_cpu(*[t.to("mncore") for t in (q[:, :3], k, v)], 0.0, False)
     k2, v2 = k[:, :2], v[:, :2]  # grouped-query attention: four query heads share two
     got = aten._scaled_dot_product_flash_attention_for_cpu(*[t.to("mncore") for t in (q, k2, v2)], 0.0, False)
     for g, w in zip(got, aten._scaled_dot_product_flash_attention_for_cpu(q, k2, v2, 0.0, False)):
         torch.testing.assert_close(g.cpu(), w)
+
+
+def test_cdist_backward_with_fewer_gradient_values_than_pairs_is_refused_not_read_past():
+    """Found by fuzzing (values up to 4e22 in the gradient): CPU's ``_cdist_backward`` reads one gradient and one
+    distance per pair of rows, trusting ``grad_output`` and ``cdist`` to hold them. mncore refuses smaller ones,
+    naming both counts; the forward's own tensors give eager's gradient in float64, batched too."""
+    aten = torch.ops.aten
+    torch.manual_seed(0)
+    x1, x2 = torch.randn(2, 4, 16, dtype=torch.float64), torch.randn(1, 3, 16, dtype=torch.float64)
+    dist = torch.cdist(x1, x2)
+    grad = torch.randn_like(dist)
+    want = aten._cdist_backward(grad, x1, x2, 2.0, dist)
+    got = aten._cdist_backward(*[t.to("mncore") for t in (grad, x1, x2)], 2.0, dist.to("mncore"))
+    torch.testing.assert_close(got.cpu(), want)
+    with pytest.raises(RuntimeError, match="grad_output holds 8 values, but the kernel reads 24"):
+        aten._cdist_backward(*[t.to("mncore") for t in (grad[:, :, :1], x1, x2)], 2.0, dist.to("mncore"))
+    with pytest.raises(RuntimeError, match="cdist holds 12 values, but the kernel reads 24"):
+        aten._cdist_backward(*[t.to("mncore") for t in (grad, x1, x2)], 2.0, dist[:1].to("mncore"))
+
+
+_M_PERTURB = -6  # glibc's mallopt parameter
+
+
+@contextlib.contextmanager
+def _allocations_filled() -> Iterator[None]:
+    """glibc fills every block malloc hands out with one byte pattern (``mallopt(M_PERTURB)``) meanwhile: memory
+    a kernel leaves unset reads as that pattern, not as the zeros of fresh pages."""
+    libc = ctypes.CDLL(None)
+    if not hasattr(libc, "mallopt") or libc.mallopt(_M_PERTURB, 0x5A) != 1:
+        pytest.skip("needs glibc's mallopt(M_PERTURB)")
+    try:
+        yield
+    finally:
+        libc.mallopt(_M_PERTURB, 0)
+
+
+def test_grouped_mm_is_zero_on_rows_no_group_covers():
+    """Eager's ``_grouped_mm`` and its backward write only the rows the groups cover and leave the others as
+    the allocation held them (found by fuzzing: up to 3e29 in a gradient); on mncore they are zero, the sum
+    over nothing, in the output and the gradient, and both equal eager's on the covered rows. 2-D by 2-D, a
+    group with an empty share of the inner dimension is zero likewise."""
+    torch.manual_seed(0)
+    a, b = torch.randn(12, 8, requires_grad=True), torch.randn(2, 8, 8, requires_grad=True)
+    offs = torch.tensor([3, 7], dtype=torch.int32)  # rows 7..11 belong to no group
+    w = torch.randn(12, 8)
+    want = torch.ops.aten._grouped_mm(a, b, offs)
+    (want * w).sum().backward()
+    da, db = (t.detach().to("mncore").requires_grad_() for t in (a, b))
+    with _allocations_filled():
+        got = torch.ops.aten._grouped_mm(da, db, offs.to("mncore"))
+        (got * w.to("mncore")).sum().backward()
+        flat = torch.ops.aten._grouped_mm(a.detach()[:4].mncore(), b.detach()[0].mncore(),
+                                          torch.tensor([4, 4, 8], dtype=torch.int32).mncore()).cpu()
+    torch.testing.assert_close(got.detach().cpu()[:7], want.detach()[:7])
+    torch.testing.assert_close(da.grad.cpu()[:7], a.grad[:7])
+    torch.testing.assert_close(db.grad.cpu(), b.grad)
+    for unset in (got.detach().cpu()[7:], da.grad.cpu()[7:], flat[1]):
+        assert torch.count_nonzero(unset) == 0
+    ad, bd = a.detach()[:4], b.detach()[0]
+    torch.testing.assert_close(flat[0], ad[:, :4] @ bd[:4])
+    torch.testing.assert_close(flat[2], ad[:, 4:] @ bd[4:])
+
+
+def test_onednn_rnn_layer_with_tensors_unlike_its_input_is_refused_not_a_crash():
+    """Found by fuzzing (an eager crash that killed the worker's later cases): oneDNN's RNN layer backward sizes
+    everything from the time-major input and ``hidden_size`` and trusts the weights, states, outputs, gradients
+    and its workspace to match; an ``hx`` of one row for four, or a workspace cut short, were read and written
+    past (eager's too). mncore refuses them, naming the shapes; the forward op's own results give eager's
+    gradients."""
+    aten = torch.ops.aten
+    torch.manual_seed(0)
+    steps, batch, features, hidden = 5, 3, 4, 6
+    x, hx, cx = torch.randn(steps, batch, features), torch.randn(batch, hidden), torch.randn(batch, hidden)
+    weights = [torch.randn(4 * hidden, features) * 0.3, torch.randn(4 * hidden, hidden) * 0.3,
+               torch.randn(4 * hidden) * 0.1, torch.randn(4 * hidden) * 0.1]
+    out, hy, cy, workspace = aten.mkldnn_rnn_layer(x, *weights, hx, cx, False, [], 2, hidden, 1, True, False, False, True)
+    grad = torch.randn_like(out)
+
+    def backward(*tensors: torch.Tensor) -> tuple:
+        *front, ws = tensors
+        return aten.mkldnn_rnn_layer_backward(*front, None, None, False, 2, hidden, 1, True, True, False, [], False, ws)
+
+    given = [x, *weights, hx, cx, out, hy, cy, grad, workspace]
+    want = backward(*given)
+    for grad_mode in (True, False):  # autograd runs backward ops with gradients off
+        with torch.set_grad_enabled(grad_mode):
+            got = backward(*[t.to("mncore") for t in given])
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.cpu(), w)
+    with pytest.raises(RuntimeError, match=r"hx has shape \[1, 6\], but an input of shape \[5, 3, 4\]"):
+        backward(*[t.to("mncore") for t in given[:5] + [hx[:1]] + given[6:]])
+    with pytest.raises(RuntimeError, match=f"workspace holds 1 values, but oneDNN needs {workspace.numel()}"):
+        backward(*[t.to("mncore") for t in given[:-1] + [workspace[:1]]])
+    with torch.no_grad(), pytest.raises(RuntimeError, match="workspace holds 1 values, but oneDNN needs"):
+        backward(*[t.to("mncore") for t in given[:-1] + [workspace[:1]]])
+    short = [w[:hidden] for w in weights]  # a weight of one gate for four: the forward reads it past its end
+    with pytest.raises(RuntimeError, match=r"input weight has shape \[6, 4\], but .* need \[24, 4\]"):
+        aten.mkldnn_rnn_layer(x.mncore(), *[w.mncore() for w in short], hx.mncore(), cx.mncore(), False, [], 2,
+                              hidden, 1, True, False, False, True)
+
+
+def test_roi_ops_match_eager_and_refuse_a_box_naming_an_image_outside_the_batch():
+    """Found by fuzzing (NaN in ``roi_align``'s gradient): torchvision's RoI kernels read, and their backward
+    kernels write, the image that column 0 of each box names, unchecked. mncore runs them as eager does (float64,
+    gradient too) and refuses a box naming an image the batch lacks, naming the index, and a backward op's
+    gradient shaped unlike the forward output (read by that shape)."""
+    torchvision = pytest.importorskip("torchvision")
+    ops = torchvision.ops
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 8, 8, dtype=torch.float64, requires_grad=True)
+    rois = torch.tensor([[0, 0.0, 0.0, 5.0, 5.0], [1, 2.0, 1.0, 7.0, 6.0]], dtype=torch.float64)
+    xm = x.detach().mncore().requires_grad_()
+    for name, run in {"roi_align": lambda t, r: ops.roi_align(t, r, (2, 2), 1.0, 2),
+                      "ps_roi_pool": lambda t, r: ops.ps_roi_pool(t, r, (2, 2))}.items():
+        x.grad = xm.grad = None
+        want = run(x, rois)
+        g = torch.randn_like(want)
+        want.backward(g)
+        got = run(xm, rois.mncore())
+        got.backward(g.mncore())
+        torch.testing.assert_close(got.cpu(), want, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(xm.grad.cpu(), x.grad, msg=lambda m: f"{name} grad: {m}")
+    backward = torch.ops.torchvision._roi_align_backward
+    for short in (torch.ones(1, 4, 2, 2), torch.ones(2, 4, 4, 1)):
+        with pytest.raises(RuntimeError, match=r"grad has shape .* make the forward output \[2, 4, 2, 2\]"):
+            backward(short.double().mncore(), rois.mncore(), 1.0, 2, 2, 2, 4, 8, 8, 2, False)
+    bad = rois.clone()
+    bad[1, 0] = 5.0
+    grad = torch.ones(2, 4, 2, 2, dtype=torch.float64).mncore()
+    for name, run in {"roi_align": lambda: ops.roi_align(xm.detach(), bad.mncore(), (2, 2), 1.0, 2),
+                      "_roi_align_backward": lambda: backward(grad, bad.mncore(), 1.0, 2, 2, 2, 4, 8, 8, 2, False)}.items():
+        out = run()
+        mncore.sync()
+        with pytest.raises(mncore.DeviceExecutionError, match=f"{name}: a box names image 5 of a batch of 2"):
+            mncore.wait_device_ops()
+        with pytest.raises(mncore.DeviceExecutionError):
+            out.cpu()

@@ -28,7 +28,7 @@ import torch
 
 from harness import cluster, expected
 from harness.argtypes import USAGE_ERROR, UsageError
-from harness.fuzz import BASELINE, DEFAULT_ROOT
+from harness.fuzz import BASELINE, DEFAULT_ROOT, heap_check
 from harness.fuzz.baseline import load as load_baseline
 from harness.fuzz.baseline import lookup as baseline_entry
 from harness.fuzz.cases import Case, tensor_specs
@@ -376,7 +376,9 @@ def main(args: argparse.Namespace) -> int:
         return USAGE_ERROR
     try:
         cluster.check(args.cluster)
-    except cluster.ClusterError as e:
+        if args.malloc_check:
+            heap_check.environment()  # here too for a cluster, whose shards would find out only on the nodes
+    except (cluster.ClusterError, ValueError) as e:
         print(f"harness fuzz: {e}", file=sys.stderr)
         return USAGE_ERROR
     cfg = Config(seconds=args.seconds, cases=args.cases, out=out, case_timeout=args.case_timeout,

@@ -20,6 +20,7 @@ rounded to that format (``harness.fuzz.board_format``); within twice eager's err
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 import traceback
 from typing import Any, Callable, Iterator
@@ -409,7 +410,9 @@ def _attention_unfit(name: str, args: list) -> str:
     if len(args) < 3 + 5 * backward:
         return ""
     q, k, v = args[backward:backward + 3]
-    if q.dim() == k.dim() == v.dim() == 4 and (k.shape[:3] != v.shape[:3] or k.shape[0] != q.shape[0]
+    if not q.dim() == k.dim() == v.dim() == 4:  # eager's kernels refuse these themselves
+        return ""
+    if (k.shape[:3] != v.shape[:3] or k.shape[0] != q.shape[0]
                                                or k.shape[3] != q.shape[3] or not k.shape[1] or q.shape[1] % k.shape[1]):
         return f"{name}: key or value does not fit the query (batch, heads, length or head size)"
     if not backward:
@@ -424,6 +427,65 @@ def _attention_unfit(name: str, args: list) -> str:
     return ""
 
 
+# Adaptive pooling backward: 2-D kernels write each grad_output plane's gradient into the input's plane of that
+# number (more planes: written past the input's gradient); 3-D kernels read a grad_output plane per input plane
+# (fewer: read past, and max pooling's indices read there then write anywhere).
+_ADAPTIVE_POOL_PLANES = {"adaptive_max_pool2d_backward", "_adaptive_avg_pool2d_backward", "adaptive_max_pool3d_backward",
+                         "_adaptive_avg_pool3d_backward"}
+
+
+def _rnn_layer_unfit(name: str, args: list) -> str:
+    """oneDNN's RNN layer builds only its LSTM (other modes are refused before it runs), sizes everything from
+    its time-major input and hidden_size (four gates per hidden unit) and reads and writes the other tensors
+    by those sizes."""
+    backward = name.endswith("_backward")
+    if len(args) < (23 if backward else 16):
+        return ""
+    x, mode, hidden = args[0], args[14 if backward else 9], args[15 if backward else 10]
+    if mode != 2:
+        return ""
+    if x.dim() != 3:
+        return f"{name}: input is not 3-D"
+    t, b, f = x.shape
+    gates = 4 * hidden
+    shapes = [[gates, f], [gates, hidden]] + ([[gates], [gates]] if args[17 if backward else 12] else [None, None]) \
+        + [[b, hidden]] * 2 + ([[t, b, hidden]] + [[b, hidden]] * 2) * 2 * backward
+    for arg, want in zip(args[1:13], shapes):
+        if want is not None and isinstance(arg, torch.Tensor) and list(arg.shape) != want:
+            return f"{name}: a weight, state, output or gradient shaped unlike the input and hidden_size imply"
+    if backward:  # the workspace's size is oneDNN's own: the forward's in training says how much it reads
+        try:
+            with torch.enable_grad():  # the forward keeps its workspace only with gradients on
+                forward = torch.ops.aten.mkldnn_rnn_layer.default(*args[:7], args[13], args[20], mode, hidden,
+                                                                  args[16], args[17], args[19], args[21], True)
+        except RuntimeError:  # a dtype or size oneDNN refuses: the backward refuses it as well
+            return ""
+        if args[22].numel() < forward[3].numel():
+            return f"{name}: the workspace is smaller than the forward op's"
+    return ""
+
+
+def _roi_unfit(op: Any, name: str, args: list) -> str:
+    """torchvision's RoI kernels read (backward: write) the image column 0 of each box names, truncated to an
+    int, and the backward ones read ``grad`` (and ``argmax``, ``channel_mapping``) as the forward output's
+    shape, all unchecked (mncore refuses both)."""
+    a = dict(zip([arg.name for arg in op._schema.arguments], args))
+    rois = a.get("rois")
+    batch = a.get("batch_size", a["input"].shape[0] if "input" in a else None)
+    if rois is None or batch is None or rois.dim() != 2 or rois.shape[1] != 5:
+        return ""
+    images = rois[:, 0].to(torch.int64)
+    if rois.numel() and (images.min() < 0 or images.max() >= batch):
+        return f"{name}: a box names an image outside the batch of {batch}"
+    if "grad" in a and {"channels", "pooled_height", "pooled_width"} <= a.keys():
+        pooled = [a["pooled_height"], a["pooled_width"]]
+        channels = a["channels"] // math.prod(pooled) if name.startswith("_ps_") and math.prod(pooled) else a["channels"]
+        shape = [rois.shape[0], channels, *pooled]
+        if any(list(a[k].shape) != shape for k in ("grad", "argmax", "channel_mapping") if k in a):
+            return f"{name}: grad, argmax or channel_mapping is shaped unlike the forward output {shape}"
+    return ""
+
+
 def unsafe_for_eager(op: Any, args: list) -> str:
     """Why eager's kernel cannot run ``args`` safely ('' if it can); such a case has no eager reference."""
     name = op._schema.name.split("::")[-1].rstrip("_")
@@ -435,6 +497,14 @@ def unsafe_for_eager(op: Any, args: list) -> str:
         n = args[1].shape[0] * (args[1].shape[0] - 1) // 2
         if min(args[0].numel(), args[3].numel()) < n:
             return f"_pdist_backward: the gradient or pdist holds fewer than the input's {n} pairs of rows"
+    if name == "_cdist_backward" and len(args) >= 5 and min(args[1].dim(), args[2].dim()) >= 2:
+        try:  # a distance per pair of rows in each broadcast batch, read from grad_output and cdist alike
+            pairs = torch.Size(torch.broadcast_shapes(args[1].shape[:-2], args[2].shape[:-2])).numel() \
+                * args[1].shape[-2] * args[2].shape[-2]
+        except RuntimeError:
+            pairs = 0
+        if min(args[0].numel(), args[4].numel()) < pairs:
+            return "_cdist_backward: grad_output or cdist holds fewer values than x1 and x2 have pairs of rows"
     short = _short_channels(op, name, args) or _ctc_past_ends(name, args)
     if short:
         return short
@@ -457,16 +527,23 @@ def unsafe_for_eager(op: Any, args: list) -> str:
         plane = args[1].shape[-at[1]:].numel()
         if args[at[0]].min() < 0 or args[at[0]].max() >= plane:
             return f"{name}: an index is outside the input's planes of {plane} positions"
-    if name in ("adaptive_max_pool2d_backward", "adaptive_max_pool3d_backward") and len(args) >= 3:
-        k = 2 if "2d" in name else 3  # each grad_output plane's gradient goes into the input's plane of that number
-        if args[0].shape[:-k].numel() > args[1].shape[:-k].numel():
-            return f"{name}: grad_output has more planes than the input"
+    if name in _ADAPTIVE_POOL_PLANES and len(args) >= 2:
+        k = 3 if "3d" in name else 2
+        given, planes = args[0].shape[:-k].numel(), args[1].shape[:-k].numel()
+        if given > planes if k == 2 else given < planes:
+            return f"{name}: grad_output has {'more' if k == 2 else 'fewer'} planes than the input"
     if name == "fractional_max_pool3d_backward" and len(args) >= 5:
         planes = args[1].shape[:-3].numel() * torch.Size(args[3]).numel()  # the input's planes of output_size
         if min(args[0].numel(), args[4].numel()) < planes:
             return f"{name}: grad_output or indices holds fewer values than the input's planes of output_size"
     if name.startswith("_scaled_dot_product_flash_attention_for_cpu"):
         return _attention_unfit(name, args)
+    if name in ("mkldnn_rnn_layer", "mkldnn_rnn_layer_backward"):
+        return _rnn_layer_unfit(name, args)
+    if op._schema.name.startswith("torchvision::") and "roi" in name:
+        return _roi_unfit(op, name, args)
+    if name in ("_embedding_bag", "_embedding_bag_forward_only") and len(args) > 2 and not args[2].is_contiguous():
+        return f"{name}: eager reads strided offsets as if they were contiguous: other elements, up to past their end"
     if name == "_weight_norm_interface" and len(args) >= 3 and -args[0].dim() <= args[2] < args[0].dim():
         g = args[1]  # the kernel writes one norm per slice of v into a new tensor laid out like g
         room = 1 + sum((n - 1) * st for n, st in zip(g.shape, g.stride())) if g.numel() else 0
@@ -483,6 +560,28 @@ def unsafe_for_eager(op: Any, args: list) -> str:
 _UNWRITTEN_EMPTY_LOSS = {"multi_margin_loss", "multilabel_margin_loss_forward"}
 
 
+def left_unset(op: Any, args: list, gradient: bool = False) -> str:
+    """Why eager's result (or its ``gradient``) is partly uninitialised memory for ``args`` ('' if it is not):
+    ``_grouped_mm`` writes only what its groups cover (mncore writes zeros, the sum over nothing there): the
+    rows (2-D by 3-D) or columns (3-D by 2-D) past the last offset, and, 2-D by 2-D, the groups whose share of
+    the inner dimension is empty. Its backward is made of ``_grouped_mm`` calls of the other two kinds, so the
+    gradient has both gaps whatever the kind."""
+    if op._schema.name.split("::")[-1] != "_grouped_mm" or len(args) < 3 or not isinstance(args[2], torch.Tensor):
+        return ""
+    a, b, offs = args[:3]
+    grouped = {(2, 3): a.shape[0], (3, 2): b.shape[-1], (2, 2): a.shape[-1]}.get((a.dim(), b.dim()))
+    if grouped is None:
+        return ""
+    ends = offs.tolist()
+    end = ends[-1] if ends else 0
+    empty = sum(stop <= start for start, stop in zip([0, *ends], ends))
+    if end < grouped and (gradient or (a.dim(), b.dim()) != (2, 2)):
+        return f"eager leaves the {grouped - end} of {grouped} grouped rows no group covers unset"
+    if empty and (gradient or (a.dim(), b.dim()) == (2, 2)):
+        return f"eager leaves what the {empty} empty group(s) would compute unset"
+    return ""
+
+
 def reference_doubt(case: Case, op: Any, args: list, kwargs: dict, want: Any) -> str:
     """Why eager's answer cannot serve as the reference for this case ('' if it can).
 
@@ -496,6 +595,8 @@ def reference_doubt(case: Case, op: Any, args: list, kwargs: dict, want: Any) ->
     or, for cases with a single-tensor shape or dtype mutation, reject the inputs eager CPU accepted
     (Context vs lazy, both mncore, is still checked then).
     """
+    if unset := left_unset(op, args):
+        return unset
     name = op._schema.name.split("::")[-1]
     if name == "_weight_norm_interface_backward" and len(args) >= 5 and args[1].dim() \
             and -args[1].dim() <= args[4] < args[1].dim() and args[2].numel() > args[1].shape[args[4]]:
@@ -710,6 +811,8 @@ def run_case(case: Case, context: Any, codegen_dir: str, phase: Callable[[str], 
             raise NotApplicable("reference inconsistent")
         if is_random(op) or written(op):
             raise NotApplicable("random or in-place op")
+        if unset := left_unset(op, args, gradient=True):
+            raise NotApplicable(unset)
         want_g = grads(op, args, kwargs, "cpu", case.value_seed)
     except NotApplicable as e:
         checks["grad_vs_eager"] = f"n/a: {e}"

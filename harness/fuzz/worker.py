@@ -97,7 +97,7 @@ def _worker_main(conn: Any, backend: str, plugin: str | None, cwd: str, log_path
     except BaseException:  # noqa: BLE001 - report set-up failures (bad plugin, bad backend) to the parent
         conn.send(("setup_error", traceback.format_exc()))
         return
-    conn.send(("ready", os.getpid()))
+    conn.send(("ready", os.getpid(), heap_check.active()))
     while True:
         try:
             msg = conn.recv()
@@ -195,6 +195,11 @@ class Worker:
         if msg[0] != "ready":
             self.stop()
             raise WorkerSetupError(f"fuzz worker set-up failed:\n{msg[1]}")
+        if self.env and not msg[2]:  # the fork server was already running: the allocator cannot be added now
+            self.stop()
+            raise WorkerSetupError("--malloc-check: the fuzz worker does not run under glibc's checking allocator "
+                                   "(this process's fork server started without it); run the campaign in a "
+                                   "process of its own")
 
     def _reap(self) -> int | None:
         if self.proc is None:
@@ -235,13 +240,12 @@ class Worker:
             kill_group(self.proc.pid)
         self._reap()
 
-    def _log_tail(self, n: int = 8000) -> str:
-        """What the worker printed in the case that killed it: the abort message and then the fault
-        handler's frames, innermost first, so the start is what matters (the list of extension
-        modules at the end is left out)."""
+    def _last_output(self, n: int = 8000) -> str:
+        """What the worker printed in the case that killed it: the abort message, then the fault handler's
+        frames, innermost first (the list of extension modules at the end is left out)."""
         text = log_tail(self.log_path, n).rpartition("\n--- case ")[2]
         lines = [line for line in text.splitlines()[1:] if not line.startswith("Extension modules:")]
-        return "\n".join(lines).strip()[:1500] or "(no output)"
+        return "\n".join(lines).strip() or "(no output)"
 
     def run(self, case_json: dict) -> dict:
         """Run one case; a dead worker gives ``kind=crash``, a stuck one ``kind=hang`` (and is killed)."""
@@ -265,9 +269,9 @@ class Worker:
                 time.sleep(0.05)
                 code = self._reap()
                 self.restarts += 1
-                tail = self._log_tail()
-                return _abnormal(exit_kind(code, tail), phase, f"worker died (exit code {code}) in phase {phase}; "
-                                                               f"log tail:\n{tail}", time.monotonic() - t_start)
+                output = self._last_output()  # its start is what matters: the message keeps that
+                return _abnormal(exit_kind(code, output), phase, f"worker died (exit code {code}) in phase {phase}; "
+                                                                 f"log tail:\n{output[:1500]}", time.monotonic() - t_start)
             if msg[0] == "phase":
                 phase = msg[1]
                 if phase != "eager" and not extended:  # slow-but-working cases are not hangs

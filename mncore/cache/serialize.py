@@ -1,7 +1,8 @@
 """Turn a compiled FX graph into plain picklable data and back (for the disk cache).
 
 aten overloads do not pickle, and the tracer's random-op and mutating-op wrappers hold them, so
-graph targets are written as names and resolved again on load. A target that cannot be named
+graph targets are written as names and resolved again on load (a built-in substitute by the op it
+runs, as it is lowered again then). A target that cannot be named
 (a user's ``register_lowering`` override) makes the graph uncacheable: ``NotSerializable``.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from mncore.compile import lowering
 from mncore.ir import ops as opinfo
 from mncore.ir.targets import MutateFn, Seeded
 
@@ -32,8 +34,15 @@ def encode_target(t: Any) -> tuple:
         return ("op", str(t))
     if isinstance(t, Seeded):
         return ("seeded", encode_target(t.fn), encode_target(t.op))
-    if isinstance(t, MutateFn):
-        return ("mutate", encode_target(t.op))
+    if isinstance(t, MutateFn):  # around a built-in substitute: named by the op, lowered again on load
+        op = t.op if isinstance(t.op, torch._ops.OpOverload) else getattr(t.op, "op", None)
+        if op is None:
+            raise NotSerializable(f"graph target {t!r} runs a kernel that cannot be named (a register_lowering "
+                                  "override?)")
+        return ("mutate", encode_target(op))
+    op = getattr(t, "op", None)
+    if isinstance(op, torch._ops.OpOverload) and lowering.lower(op) is t:  # a built-in substitute, often a closure
+        return ("lowered", str(op))
     module, qual = getattr(t, "__module__", None), getattr(t, "__qualname__", "")
     if module and qual and "<" not in qual:
         try:
@@ -53,9 +62,11 @@ def decode_target(code: tuple) -> Any:
         return _resolve_op(code[1])
     if kind == "seeded":
         return Seeded(decode_target(code[1]), decode_target(code[2]))
+    if kind == "lowered":
+        return lowering.lower(_resolve_op(code[1]))
     if kind == "mutate":
         op = decode_target(code[1])
-        return MutateFn(op, opinfo.info_for(op))
+        return lowering.lower(MutateFn(op, opinfo.info_for(op)))
     obj = importlib.import_module(code[1])
     for part in code[2].split("."):
         obj = getattr(obj, part)

@@ -15,6 +15,7 @@ _PKG = Path(__file__).resolve().parents[1]
 SOURCES = (
     "graph/fx_build.py", "compile/lowering.py", "compile/passes.py", "compile/fusion.py", "compile/precision.py",
     "compile/memory_plan.py", "compile/pipeline.py", "compile/reinplace.py", "compile/executable.py", "ir/targets.py",
+    "compile/value_checks.py",
     "sim/hardware.py", "sim/hardware.json", "sim/cost.py",
 )
 

@@ -61,9 +61,13 @@ _ELEMENTWISE_UNTAGGED = {"mish_backward"}
 
 
 def base_op(target: Any) -> Any:
-    """The aten overload behind a graph target (random ops and mutating-op wrappers hold one)."""
+    """The aten overload behind a graph target (random ops, mutating-op wrappers and built-in substitutes
+    hold one; a mutating-op wrapper may hold a substitute)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target
     for attr in ("op", "fn"):
         inner = getattr(target, attr, None)
+        inner = getattr(inner, "op", inner) if not isinstance(inner, torch._ops.OpOverload) else inner
         if isinstance(inner, torch._ops.OpOverload):
             return inner
     return target
@@ -75,8 +79,6 @@ def op_class(target: Any) -> str:
         return "injective"
     op = base_op(target)
     if not isinstance(op, torch._ops.OpOverload):
-        if getattr(target, "__name__", "").startswith("_histc"):
-            return "opaque"
         return "elementwise"
     name = op._schema.name.split("::")[-1].rstrip("_")
     if name in _COMPLEX:

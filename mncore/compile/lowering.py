@@ -52,6 +52,30 @@ def _margin_loss_of_no_rows(op: Any) -> Callable:
     return run
 
 
+def _grouped_mm_covered(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor | None = None, bias: Any = None,
+                        out_dtype: Any = None) -> torch.Tensor:
+    """CPU's ``_grouped_mm`` writes only what its groups cover and leaves the rest as the allocation held it
+    (eager's too: up to 3e29 found by fuzzing), and its backward is made of ``_grouped_mm`` calls. The rest
+    are sums over nothing: zero. With a 2-D ``mat_a`` and a 3-D ``mat_b`` that is the rows past the last
+    offset, with 3-D and 2-D the columns past it, with both 2-D the groups whose share of the inner
+    dimension is empty."""
+    out = aten._grouped_mm.default(mat_a, mat_b, offs, bias, out_dtype)
+    if offs is None:
+        return out
+    ends = offs.tolist()
+    last = ends[-1] if ends else 0
+    dims = (mat_a.dim(), mat_b.dim())
+    if dims == (2, 3):
+        out[last:] = 0
+    elif dims == (3, 2):
+        out[..., last:] = 0
+    elif dims == (2, 2):
+        for group, (start, end) in enumerate(zip([0, *ends], ends)):
+            if end <= start:
+                out[group] = 0
+    return out
+
+
 def _on_dense_copies(op: Any) -> Callable:
     """CPU's fused optimizer kernels (``_fused_adam_``, ...) index every tensor as if it were contiguous,
     so a transposed parameter or a strided gradient is updated with the wrong elements (eager's too).
@@ -87,17 +111,26 @@ _FUSED_OPTIMIZERS = [getattr(getattr(aten, name), overload)
                                   "_fused_adam", "_fused_adamw", "_fused_sgd", "_fused_adagrad")
                      for overload in ("default", "tensor_lr") if hasattr(getattr(aten, name), overload)]
 
-_BUILTIN: dict[Any, Callable] = {
+def _standing_in(op: Any, fn: Callable) -> Callable:
+    """``fn`` marked as the kernel of ``op`` (``fn.op``, as on the tracer's own wrappers): fusion classes and
+    costs it as that op, the emulated board rounds its operands as that op's, and an error names the op."""
+    if not isinstance(fn, torch._ops.OpOverload):
+        fn.op = op
+    return fn
+
+
+_BUILTIN: dict[Any, Callable] = {op: _standing_in(op, fn) for op, fn in {
     aten.view.default: aten.reshape.default,
     aten._unsafe_view.default: aten.reshape.default,
     aten.histc.default: _histc_any_dtype,
+    aten._grouped_mm.default: _grouped_mm_covered,
     aten._pdist_backward.default: _pdist_backward_of_no_rows,
     aten.multi_margin_loss.default: _margin_loss_of_no_rows(aten.multi_margin_loss.default),
     aten.multilabel_margin_loss_forward.default: _margin_loss_of_no_rows(aten.multilabel_margin_loss_forward.default),
     **LAZY_BIT_VIEWS,
     **value_checks.SUBSTITUTES,
     **{op: _on_dense_copies(op) for op in _FUSED_OPTIMIZERS},
-}
+}.items()}
 _overrides: dict[Any, Callable] = {}
 _version = [0]
 
@@ -107,9 +140,17 @@ def lower(target: Any) -> Any:
     without a functional twin is traced as a ``MutateFn`` around it: an override of the op replaces the
     kernel inside, so it applies there too."""
     if isinstance(target, MutateFn):
-        fn = _overrides.get(target.op) or _BUILTIN.get(target.op)
+        fn = _overrides.get(target.op) or _builtin(target.op)
         return target if fn is None else target.with_op(fn)
-    return _overrides.get(target) or _BUILTIN.get(target, target)
+    return _overrides.get(target) or _builtin(target) or target
+
+
+def _builtin(op: Any) -> Callable | None:
+    """The built-in substitute of ``op``; those of other libraries' ops are made on first use."""
+    fn = _BUILTIN.get(op)
+    if fn is None and isinstance(op, torch._ops.OpOverload) and (make := value_checks.BY_NAME.get(op._schema.name)):
+        fn = _BUILTIN[op] = _standing_in(op, make(op))
+    return fn
 
 
 def register_lowering(target: Any, fn: Callable) -> None:

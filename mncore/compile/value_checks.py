@@ -11,6 +11,7 @@ run with the kernel, on the graph's real tensors, and raise ``ValueError`` namin
   labels each sequence uses, and the backward op fills a tensor shaped like ``log_alpha``.
 - Embedding backward ops scatter into a gradient of ``num_weights`` rows by ``indices``.
 - Max-pooling backward ops scatter into each plane of the input's gradient by ``indices``.
+- torchvision's RoI ops read (and their backward ops write) the image that column 0 of each box names.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import math
 from typing import Any, Callable
 
 import torch
+
+from mncore.ir.ops import named_args
 
 aten = torch.ops.aten
 
@@ -92,58 +95,68 @@ def check_bags(op: str, grad: torch.Tensor, indices: torch.Tensor, offset2bag: t
                          "bag_size the forward op returned")
 
 
-def checked_embedding_backward(op: Any, indices_at: int, rows_at: int, bags_at: int | None = None) -> Callable:
-    """``bags_at``: where a bag op's offset2bag is (bag_size follows it, and mode follows num_weights by two)."""
+def _checked(op: Any, check: Callable[[str, tuple, dict], None]) -> Callable:
+    """``op``'s kernel, run after ``check(name, args, kwargs)`` has refused the values it cannot take."""
     name = op._schema.name.split("::")[-1]
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        check_rows(name, args[indices_at], args[rows_at])
-        if bags_at is not None:
-            check_bags(name, args[0], args[indices_at], args[bags_at], args[bags_at + 1], args[rows_at + 2])
+        check(name, args, kwargs)
         return op(*args, **kwargs)
 
     run.__name__ = run.__qualname__ = f"checked_{name}"
     return run
+
+
+def checked_embedding_backward(op: Any, indices_at: int, rows_at: int, bags_at: int | None = None) -> Callable:
+    """``bags_at``: where a bag op's offset2bag is (bag_size follows it, and mode follows num_weights by two)."""
+    def check(name: str, args: tuple, kwargs: dict) -> None:
+        check_rows(name, args[indices_at], args[rows_at])
+        if bags_at is not None:
+            check_bags(name, args[0], args[indices_at], args[bags_at], args[bags_at + 1], args[rows_at + 2])
+
+    return _checked(op, check)
 
 
 def checked_pool_backward(op: Any, indices_at: int, dims: int) -> Callable:
     """Max-pooling backward: every index names a position in one plane of the input (its last ``dims``
     dimensions)."""
-    name = op._schema.name.split("::")[-1]
-
-    def run(*args: Any, **kwargs: Any) -> Any:
+    def check(name: str, args: tuple, kwargs: dict) -> None:
         plane = math.prod(args[1].shape[-dims:])
         index = _first_outside(args[indices_at], plane)
         if index is not None:
             raise ValueError(f"mncore: {name}: index {index} is outside an input plane of {plane} positions; "
                              "pass the indices the forward op returned")
-        return op(*args, **kwargs)
 
-    run.__name__ = run.__qualname__ = f"checked_{name}"
-    return run
+    return _checked(op, check)
+
+
+def checked_roi(op: Any) -> Callable:
+    """torchvision's RoI ops: column 0 of each box names an image of the batch (the input's first dimension,
+    or ``batch_size`` for the backward ops); C's conversion of that float to an int truncates it."""
+    def check(name: str, args: tuple, kwargs: dict) -> None:
+        named = named_args(op, args, kwargs)
+        rois = named["rois"]
+        batch = named["batch_size"] if "batch_size" in named else named["input"].shape[0]
+        if rois.dim() == 2 and rois.shape[1] == 5:
+            image = _first_outside(rois[:, 0].to(torch.int64), batch)
+            if image is not None:
+                raise ValueError(f"mncore: {name}: a box names image {image} of a batch of {batch} (column 0 of "
+                                 "rois holds each box's image index)")
+
+    return _checked(op, check)
 
 
 def checked_ctc_loss(op: Any) -> Callable:
-    def run(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Any, target_lengths: Any,
-            *rest: Any, **kwargs: Any) -> Any:
-        check_ctc_arguments(log_probs, targets, input_lengths, target_lengths)
-        return op(log_probs, targets, input_lengths, target_lengths, *rest, **kwargs)
-
-    run.__name__ = run.__qualname__ = f"checked_{op._schema.name.split('::')[-1]}"
-    return run
+    return _checked(op, lambda name, args, kwargs: check_ctc_arguments(*args[:4]))
 
 
 def checked_ctc_loss_backward(op: Any) -> Callable:
-    def run(grad: torch.Tensor, log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Any,
-            target_lengths: Any, neg_log_likelihood: torch.Tensor, log_alpha: torch.Tensor, *rest: Any,
-            **kwargs: Any) -> Any:
+    def check(name: str, args: tuple, kwargs: dict) -> None:
+        grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha = args[:7]
         check_ctc_arguments(log_probs, targets, input_lengths, target_lengths, log_alpha,
                             (("grad", grad), ("neg_log_likelihood", neg_log_likelihood)))
-        return op(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, *rest,
-                  **kwargs)
 
-    run.__name__ = run.__qualname__ = f"checked_{op._schema.name.split('::')[-1]}"
-    return run
+    return _checked(op, check)
 
 
 SUBSTITUTES: dict[Any, Callable] = {
@@ -158,3 +171,9 @@ SUBSTITUTES: dict[Any, Callable] = {
                               ("adaptive_max_pool2d_backward", 2, 2), ("adaptive_max_pool3d_backward", 2, 3),
                               ("fractional_max_pool2d_backward", 4, 2), ("fractional_max_pool3d_backward", 4, 3))},
 }
+
+# Ops of libraries mncore does not import (torchvision), by schema name: wrapped when first lowered.
+BY_NAME: dict[str, Callable[[Any], Callable]] = dict.fromkeys(
+    [f"torchvision::{name}" for name in ("roi_align", "_roi_align_backward", "roi_pool", "_roi_pool_backward",
+                                          "ps_roi_align", "_ps_roi_align_backward", "ps_roi_pool",
+                                          "_ps_roi_pool_backward")], checked_roi)

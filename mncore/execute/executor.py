@@ -18,6 +18,7 @@ import operator
 import queue
 import sys
 import threading
+import types
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -180,13 +181,14 @@ class Executor:
 
     def shutdown(self) -> None:
         """Drain the queue and stop the worker (at interpreter exit, so no thread dies mid-kernel);
-        a graph error nobody has seen yet is printed rather than lost."""
+        a graph error nobody has seen yet (no wait, and no read of its outputs: ``Leaf.wait`` marks those) is
+        printed rather than lost."""
         if self._thread is not None and self._thread.is_alive():
             self._q.put(None)
             self._thread.join(timeout=60)
         self._thread = None
         with self._lock:
-            unseen, self._errors = self._errors, []
+            unseen, self._errors = [e for e in self._errors if not getattr(e, "seen", False)], []
         for err in unseen:
             print(f"mncore: a graph failed after the last sync()/wait_device_ops() and nothing read its "
                   f"results: {err}", file=sys.stderr)
@@ -210,7 +212,7 @@ class Executor:
         t0 = timeline.now()
         inherited = False
         try:
-            args = [leaf.wait() for leaf in job.leaves] + job.scalars
+            args = [leaf.wait(for_user=False) for leaf in job.leaves] + job.scalars
         except BaseException as e:  # an input came from a failed graph (already reported through it)
             args = None
             err: BaseException | None = e
@@ -306,7 +308,9 @@ def _op_name(node: fx.Node, extra: str = "") -> str:
     """The op, its FX node and where the user's program first traced it."""
     site = node.meta.get("mn_site")
     where = f"; first traced at {describe_site(site)}" if site else ""
-    return f"{node.target} (node {node.name}{extra}{where})"
+    target = node.target  # a built-in substitute (a plain function) names the op it runs
+    shown = target.op if isinstance(target, types.FunctionType) and hasattr(target, "op") else target
+    return f"{shown} (node {node.name}{extra}{where})"
 
 
 def _latches(job: Job) -> list[Latch]:

@@ -101,14 +101,17 @@ class Data:
         owners = self._owners
         return () if owners is None else (owners,) if type(owners) is weakref.ref else owners
 
-    def wait(self) -> Any:
+    def wait(self, for_user: bool = True) -> Any:
         """Block until the buffer exists, then return it (re-raising a worker error, unless the
-        leaf has a value to fall back to)."""
+        leaf has a value to fall back to). An error raised ``for_user`` is marked seen: the report at exit
+        must not say that nothing read it."""
         if self.ready is not None:
             self.ready.wait()
         if self.error is not None:
             if self.fallback is not None:
-                return self.fallback.wait()
+                return self.fallback.wait(for_user)
+            if for_user:
+                self.error.seen = True
             raise self.error
         return buffers.get(self.bid)
 

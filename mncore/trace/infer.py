@@ -146,7 +146,75 @@ def _unsafe_sizes(target: Any, args: list, kwargs: dict) -> str:
     op = target.op if isinstance(target, MutateFn) else target
     name = getattr(op, "__name__", "")
     return (_unmatched_list(op, name, args, kwargs) or _short_argument(name, args) or _channels(op, name, args, kwargs)
-            or _attention(name, args, kwargs))
+            or _attention(name, args, kwargs) or _rnn_layer(name, args) or _roi_gradient(op, name, args, kwargs))
+
+
+_ROI_BACKWARD = {"_roi_align_backward.default", "_roi_pool_backward.default", "_ps_roi_align_backward.default",
+                 "_ps_roi_pool_backward.default"}
+
+
+def _roi_gradient(op: Any, name: str, args: list, kwargs: dict) -> str:
+    """torchvision's RoI backward kernels walk ``grad`` by its number of elements, as (box, channel, row, column)
+    of the sizes their arguments give, through its strides: one of another shape is read past (and so are the
+    boxes); ``argmax`` and ``channel_mapping`` are read alike. Each must have the forward output's shape."""
+    if name not in _ROI_BACKWARD:
+        return ""
+    a = named_args(op, args, kwargs)
+    rois, pooled = a["rois"], [a["pooled_height"], a["pooled_width"]]
+    channels = a["channels"] // math.prod(pooled) if name.startswith("_ps_") and math.prod(pooled) else a["channels"]
+    shape = [rois.shape[0], channels, *pooled]
+    for arg in ("grad", "argmax", "channel_mapping"):
+        if arg in a and list(a[arg].shape) != shape:
+            return (f"mncore: {name.split('.')[0]}: {arg} has shape {list(a[arg].shape)}, but {rois.shape[0]} boxes, "
+                    f"{a['channels']} channels and pooled size {pooled} make the forward output {shape}; the kernel "
+                    "reads it by that shape")
+    return ""
+
+
+def _rnn_layer(name: str, args: list) -> str:
+    """oneDNN's RNN layer kernels size everything from the time-major input and ``hidden_size`` and trust the
+    weights, states, outputs and gradients to match (found by fuzzing: a backward given an ``hx`` of one
+    column for 64 corrupted the heap, eager's too). Each must have the shape the layer gives it."""
+    backward = name == "mkldnn_rnn_layer_backward.default"
+    if not (backward and len(args) >= 23 or name == "mkldnn_rnn_layer.default" and len(args) >= 16):
+        return ""
+    x = args[0]
+    mode, hidden, has_biases = (args[14], args[15], args[17]) if backward else (args[9], args[10], args[12])
+    if mode != _LSTM:
+        return ""  # oneDNN builds only its LSTM here and refuses the other modes before it runs
+    if x.dim() != 3:
+        return f"mncore: {name.split('.')[0]}: input must be 3-D (time, batch, features), got {list(x.shape)}"
+    steps, batch, features = x.shape
+    rows = 4 * hidden  # an LSTM's four gates
+    state = [batch, hidden]
+    want = [("input weight", args[1], [rows, features]), ("hidden weight", args[2], [rows, hidden]),
+            ("hx", args[5], state), ("cx", args[6], state)]
+    if has_biases:
+        want += [("input bias", args[3], [rows]), ("hidden bias", args[4], [rows])]
+    if backward:
+        want += [("output", args[7], [steps, batch, hidden]), ("hy", args[8], state), ("cy", args[9], state),
+                 ("grad_output", args[10], [steps, batch, hidden]), ("grad_hy", args[11], state),
+                 ("grad_cy", args[12], state)]
+    for arg, t, shape in want:
+        if t is not None and list(t.shape) != shape:
+            return (f"mncore: {name.split('.')[0]}: {arg} has shape {list(t.shape)}, but an input of shape "
+                    f"{list(x.shape)} and hidden_size {hidden} need {shape}; the kernel reads and writes it by that "
+                    "shape")
+    if backward:  # the workspace's size is oneDNN's own: a training forward on zeros of these shapes gives it
+        zeros = [torch.zeros(t.shape, dtype=t.dtype) for t in args[:7]]
+        try:
+            with torch.enable_grad():  # without it (autograd's backward, no_grad) the forward keeps no workspace
+                need = torch.ops.aten.mkldnn_rnn_layer.default(*zeros, args[13], args[20], mode, hidden, args[16],
+                                                               has_biases, args[19], args[21], True)[3].numel()
+        except RuntimeError:
+            return ""  # a dtype or size oneDNN refuses: the backward kernel refuses it too
+        if args[22].numel() < need:
+            return (f"mncore: mkldnn_rnn_layer_backward: workspace holds {args[22].numel()} values, but oneDNN "
+                    f"needs {need} for these shapes; pass the workspace the forward op returned in training")
+    return ""
+
+
+_LSTM = 2  # oneDNN's RNN layer mode (0, 1: RNN with ReLU or tanh; 3: GRU)
 
 
 _ATTENTION = {"_scaled_dot_product_flash_attention_for_cpu.default",
@@ -164,8 +232,10 @@ def _attention(name: str, args: list, kwargs: dict) -> str:
     backward = name.startswith("_scaled_dot_product_flash_attention_for_cpu_backward")
     query, key, value = args[backward:backward + 3]
     op = name.split(".")[0]
-    if query.dim() == key.dim() == value.dim() == 4 and (
-            key.shape[:3] != value.shape[:3] or key.shape[0] != query.shape[0] or key.shape[3] != query.shape[3]
+    if not query.dim() == key.dim() == value.dim() == 4:  # eager's kernels refuse these too, not its meta
+        return (f"mncore: {op}: accepts only 4-D query, key and value (batch, heads, length, head size), got "
+                f"{query.dim()}-D, {key.dim()}-D and {value.dim()}-D")
+    if (key.shape[:3] != value.shape[:3] or key.shape[0] != query.shape[0] or key.shape[3] != query.shape[3]
             or key.shape[1] == 0 or query.shape[1] % key.shape[1]):
         return (f"mncore: {op}: query {list(query.shape)}, key {list(key.shape)} and value {list(value.shape)} do "
                 "not fit: key and value need the same batch, heads and length, key the query's batch and head "
@@ -210,6 +280,17 @@ def _unmatched_list(op: Any, name: str, args: list, kwargs: dict) -> str:
     return ""
 
 
+# Adaptive pooling backward: how the CPU kernel pairs grad_output's planes with the input's (2-D: by
+# grad_output's count, so more planes are written past the input's gradient; 3-D: by the input's, so fewer
+# are read past, and max pooling's garbage indices then write anywhere).
+_ADAPTIVE_POOL_BACKWARD = {
+    **dict.fromkeys(("adaptive_max_pool2d_backward", "_adaptive_avg_pool2d_backward"),
+                    "writes each grad_output plane's gradient into the input's plane of the same number"),
+    **dict.fromkeys(("adaptive_max_pool3d_backward", "_adaptive_avg_pool3d_backward"),
+                    "reads a grad_output plane for each of the input's planes"),
+}
+
+
 def _short_argument(name: str, args: list) -> str:
     """An argument holding fewer values than the kernel reads from it (more are read as eager reads them), or
     a saved g of weight norm's backward with more values than the gradient the kernel writes."""
@@ -223,6 +304,13 @@ def _short_argument(name: str, args: list) -> str:
         rows = x.shape[0] if x.dim() == 2 else 0
         pairs = rows * (rows - 1) // 2  # one distance per pair of rows
         reads = [("grad", grad.numel(), pairs), ("pdist", pdist.numel(), pairs)]
+    elif name == "_cdist_backward.default" and len(args) >= 5:
+        grad, x1, x2, _, cdist = args[:5]
+        try:  # one distance per pair of rows, in each of the broadcast batches
+            pairs = math.prod(torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])) * x1.shape[-2] * x2.shape[-2]
+        except (RuntimeError, IndexError):
+            return ""  # the kernel refuses these itself
+        reads = [("grad_output", grad.numel(), pairs), ("cdist", cdist.numel(), pairs)]
     elif name == "_weight_norm_interface_backward.default" and len(args) >= 5:
         grad_w, v, g, norms, dim = args[:5]
         if g.numel() > _slices(v, dim):  # grad_g is laid out like saved_g: the values past the slices stay unset
@@ -231,13 +319,13 @@ def _short_argument(name: str, args: list) -> str:
                     f"into a tensor shaped like saved_g, leaving the rest unset; {fix}")
         reads = [("grad_w", grad_w.numel(), v.numel()), ("saved_g", g.numel(), _slices(v, dim)),
                  ("saved_norms", norms.numel(), _slices(v, dim))]
-    elif name in ("adaptive_max_pool2d_backward.default", "adaptive_max_pool3d_backward.default") and len(args) >= 3:
-        k = 2 if "2d" in name else 3  # the gradient of grad_output's plane i goes into plane i of the input's
-        grad, x = args[:2]
-        if _planes(grad, k) > _planes(x, k):
-            return (f"mncore: {name.split('.')[0]}: grad_output has {_planes(grad, k)} planes but the input "
-                    f"{_planes(x, k)}, and the kernel writes each grad_output plane's gradient into the input's "
-                    f"plane of the same number; pass the gradient of the pooling op's output")
+    elif name.split(".")[0] in _ADAPTIVE_POOL_BACKWARD and len(args) >= 2:
+        k = 3 if "3d" in name else 2
+        given, planes = _planes(args[0], k), _planes(args[1], k)
+        if given > planes if k == 2 else given < planes:
+            return (f"mncore: {name.split('.')[0]}: grad_output has {given} planes but the input {planes}, and "
+                    f"the kernel {_ADAPTIVE_POOL_BACKWARD[name.split('.')[0]]}; pass the "
+                    "gradient of the pooling op's output")
         return ""
     elif name == "fractional_max_pool3d_backward.default" and len(args) >= 5:
         grad, x, _, output_size, indices = args[:5]  # read as the input's planes of output_size positions
