@@ -178,7 +178,8 @@ def test_crash_and_hang_are_recorded_not_propagated(tmp_path: Path) -> None:
 
 
 def test_repro_templates_pass_on_a_correct_backend(tmp_path: Path) -> None:
-    """The Context, gradient and crash/hang repro forms run eager and mncore and pass when mncore is right."""
+    """The Context, gradient, crash/hang and output repro forms run eager and mncore and pass when mncore is
+    right, for ops of torchvision's namespace too."""
     from harness.fuzz.findings import Findings
 
     case = _row("aten.mul.Tensor").with_mutation({"kind": "layout", "arg": "a0", "layout": "strided", "by": "fuzz"})
@@ -189,7 +190,11 @@ def test_repro_templates_pass_on_a_correct_backend(tmp_path: Path) -> None:
              ("crash", "lazy_vs_eager"): "mncore completed the step"}
     scripts = {form: findings.write(f"{case.op}:{form[0]}:{form[1]}", case, case, {"kind": form[0], "oracle": form[1]},
                                     {}, meta) for form in forms}
-    # One interpreter runs the three scripts in turn (each import of torch + mncore costs seconds).
+    roi = _row("torchvision.roi_align.default")  # its op exists once torchvision is imported (found: it was not)
+    forms["torchvision"] = "mncore agrees with eager"
+    scripts["torchvision"] = findings.write(f"{roi.op}:mismatch:lazy_vs_eager", roi, roi,
+                                            {"kind": "mismatch", "oracle": "lazy_vs_eager"}, {}, meta)
+    # One interpreter runs the scripts in turn (each import of torch + mncore costs seconds).
     runner = "import runpy, sys\nfor p in sys.argv[1:]:\n    runpy.run_path(p, run_name='__main__')\n"
     proc = subprocess.run([sys.executable, "-c", runner, *map(str, scripts.values())], cwd=tmp_path, env=ENV,
                           capture_output=True, text=True, timeout=180)

@@ -802,6 +802,11 @@ def test_roi_ops_match_eager_and_refuse_a_box_naming_an_image_outside_the_batch(
     for short in (torch.ones(1, 4, 2, 2), torch.ones(2, 4, 4, 1)):
         with pytest.raises(RuntimeError, match=r"grad has shape .* make the forward output \[2, 4, 2, 2\]"):
             backward(short.double().mncore(), rois.mncore(), 1.0, 2, 2, 2, 4, 8, 8, 2, False)
+    # an empty gradient is not read, whatever its shape (found fuzzing: [0, 1, 7, 7] for [0, 256, 7, 7])
+    none = rois[:0]
+    torch.testing.assert_close(backward(torch.ones(0, 1, 2, 2).double().mncore(), none.mncore(), 1.0, 2, 2, 2, 4, 8,
+                                        8, 2, False).cpu(),
+                               backward(torch.ones(0, 1, 2, 2).double(), none, 1.0, 2, 2, 2, 4, 8, 8, 2, False))
     bad = rois.clone()
     bad[1, 0] = 5.0
     grad = torch.ones(2, 4, 2, 2, dtype=torch.float64).mncore()

@@ -63,6 +63,7 @@ import mncore  # noqa: E402
 from harness.compare import compare  # noqa: E402,F401
 from harness.fuzz import heap_check, oracles  # noqa: E402,F401
 from harness.fuzz.worker import load_plugin  # noqa: E402
+from harness.opgen import resolve_op  # noqa: E402  (imports torchvision for its ops)
 
 OP = {op!r}
 BACKEND = {backend!r}
@@ -75,7 +76,7 @@ def setup() -> tuple:
         load_plugin(PLUGIN)
     mncore.init(BACKEND, implicit_sync="silent")
     inputs = torch.load(HERE / "{stem}.pt", weights_only=True)
-    return torch.ops.{op}, inputs["args"], inputs["kwargs"]
+    return resolve_op(OP), inputs["args"], inputs["kwargs"]
 
 '''
 

@@ -477,7 +477,7 @@ def _roi_unfit(op: Any, name: str, args: list) -> str:
     images = rois[:, 0].to(torch.int64)
     if rois.numel() and (images.min() < 0 or images.max() >= batch):
         return f"{name}: a box names an image outside the batch of {batch}"
-    if "grad" in a and {"channels", "pooled_height", "pooled_width"} <= a.keys():
+    if "grad" in a and a["grad"].numel() and {"channels", "pooled_height", "pooled_width"} <= a.keys():
         pooled = [a["pooled_height"], a["pooled_width"]]
         channels = a["channels"] // math.prod(pooled) if name.startswith("_ps_") and math.prod(pooled) else a["channels"]
         shape = [rois.shape[0], channels, *pooled]
