@@ -16,6 +16,7 @@ import torch
 import torch.fx as fx
 
 from mncore.compile import lowering
+from mncore.compile.fusion import base_op
 from mncore.ir import ops as opinfo
 from mncore.ir.targets import MutateFn, Seeded
 
@@ -34,14 +35,13 @@ def encode_target(t: Any) -> tuple:
         return ("op", str(t))
     if isinstance(t, Seeded):
         return ("seeded", encode_target(t.fn), encode_target(t.op))
-    if isinstance(t, MutateFn):  # around a built-in substitute: named by the op, lowered again on load
-        op = t.op if isinstance(t.op, torch._ops.OpOverload) else getattr(t.op, "op", None)
-        if op is None:
+    op = base_op(t)  # a built-in substitute (often a closure) or a wrapper around one: named by its op
+    if isinstance(t, MutateFn):
+        if not isinstance(op, torch._ops.OpOverload):
             raise NotSerializable(f"graph target {t!r} runs a kernel that cannot be named (a register_lowering "
                                   "override?)")
-        return ("mutate", encode_target(op))
-    op = getattr(t, "op", None)
-    if isinstance(op, torch._ops.OpOverload) and lowering.lower(op) is t:  # a built-in substitute, often a closure
+        return ("mutate", encode_target(op))  # lowered again on load
+    if isinstance(op, torch._ops.OpOverload) and lowering.lower(op) is t:
         return ("lowered", str(op))
     module, qual = getattr(t, "__module__", None), getattr(t, "__qualname__", "")
     if module and qual and "<" not in qual:

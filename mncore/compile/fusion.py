@@ -67,7 +67,8 @@ def base_op(target: Any) -> Any:
         return target
     for attr in ("op", "fn"):
         inner = getattr(target, attr, None)
-        inner = getattr(inner, "op", inner) if not isinstance(inner, torch._ops.OpOverload) else inner
+        if not isinstance(inner, torch._ops.OpOverload):
+            inner = getattr(inner, "op", None)  # a mutating-op wrapper around a built-in substitute
         if isinstance(inner, torch._ops.OpOverload):
             return inner
     return target

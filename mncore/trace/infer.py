@@ -173,6 +173,9 @@ def _roi_gradient(op: Any, name: str, args: list, kwargs: dict) -> str:
     return ""
 
 
+_LSTM = 2  # oneDNN's RNN layer mode (0, 1: RNN with ReLU or tanh; 3: GRU)
+
+
 def _rnn_layer(name: str, args: list) -> str:
     """oneDNN's RNN layer kernels size everything from the time-major input and ``hidden_size`` and trust the
     weights, states, outputs and gradients to match (found by fuzzing: a backward given an ``hx`` of one
@@ -214,9 +217,6 @@ def _rnn_layer(name: str, args: list) -> str:
             return (f"mncore: mkldnn_rnn_layer_backward: workspace holds {args[22].numel()} values, but oneDNN "
                     f"needs {need} for these shapes; pass the workspace the forward op returned in training")
     return ""
-
-
-_LSTM = 2  # oneDNN's RNN layer mode (0, 1: RNN with ReLU or tanh; 3: GRU)
 
 
 _ATTENTION = {"_scaled_dot_product_flash_attention_for_cpu.default",
