@@ -722,6 +722,12 @@ def test_cases_eagers_kernel_cannot_run_safely_are_skipped_before_it_runs(tmp_pa
     assert unsafe_for_eager(cdist, [torch.ones(2, 3), x1, x2, 2.0, torch.ones(2, 3)]) == ""
     assert "fewer values than x1 and x2 have pairs" in unsafe_for_eager(cdist, [torch.ones(2, 1), x1, x2, 2.0,
                                                                                 torch.ones(2, 3)])
+    ln = torch.ops.aten.native_layer_norm_backward.default  # grad_out as the input, a mean and rstd per row (found: NaN)
+    x, stats = torch.zeros(2, 1, 32), torch.ones(2, 1, 1)
+    assert unsafe_for_eager(ln, [x, x, [32], stats, stats, None, None, [True] * 3]) == ""
+    assert "grad_out holds fewer values than the input" in unsafe_for_eager(ln, [x[:1], x, [32], stats, stats, None,
+                                                                                 None, [True] * 3])
+    assert "fewer than its 2 rows" in unsafe_for_eager(ln, [x, x, [32], stats, stats[:1], None, None, [True] * 3])
     # oneDNN's RNN layer backward trusts every size, its workspace's too (found: eager corrupting the heap)
     rnn = torch.ops.aten.mkldnn_rnn_layer_backward.default
     x, hx, w_ih, w_hh, bias = torch.zeros(5, 3, 4), torch.zeros(3, 6), torch.zeros(24, 4), torch.zeros(24, 6), torch.zeros(24)

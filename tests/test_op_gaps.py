@@ -696,6 +696,28 @@ def test_cdist_backward_with_fewer_gradient_values_than_pairs_is_refused_not_rea
         aten._cdist_backward(*[t.to("mncore") for t in (grad, x1, x2)], 2.0, dist[:1].to("mncore"))
 
 
+
+def test_layer_norm_backward_with_a_short_gradient_or_statistics_is_refused_not_read_past():
+    """Found by fuzzing ``mncore2:auto`` (NaN in one of two runs of the same case): CPU's
+    ``native_layer_norm_backward`` reads ``grad_out`` as the input's values and ``mean`` and ``rstd`` as one per
+    row, trusting their sizes; eager reads past smaller ones. mncore refuses them, naming both counts; the
+    forward op's own tensors give eager's gradients in float64."""
+    aten = torch.ops.aten
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    _, mean, rstd = aten.native_layer_norm(x, [8], w, b, 1e-5)
+    grad = torch.randn_like(x)
+    want = aten.native_layer_norm_backward(grad, x, [8], mean, rstd, w, b, [True, True, True])
+    got = aten.native_layer_norm_backward(*[t.to("mncore") for t in (grad, x)], [8], mean.to("mncore"), rstd.to("mncore"),
+                                          w.to("mncore"), b.to("mncore"), [True, True, True])
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g.cpu(), e)
+    args = [t.to("mncore") for t in (grad, x, mean, rstd, w, b)]
+    with pytest.raises(RuntimeError, match="grad_out holds 24 values, but the kernel reads 48"):
+        aten.native_layer_norm_backward(args[0][:1], args[1], [8], *args[2:], [True, True, True])
+    with pytest.raises(RuntimeError, match="rstd holds 3 values, but the kernel reads 6"):
+        aten.native_layer_norm_backward(args[0], args[1], [8], args[2], args[3][:1], *args[4:], [True, True, True])
+
 _M_PERTURB = -6  # glibc's mallopt parameter
 
 

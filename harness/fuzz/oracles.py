@@ -505,6 +505,10 @@ def unsafe_for_eager(op: Any, args: list) -> str:
             pairs = 0
         if min(args[0].numel(), args[4].numel()) < pairs:
             return "_cdist_backward: grad_output or cdist holds fewer values than x1 and x2 have pairs of rows"
+    if name == "native_layer_norm_backward" and len(args) >= 5 and torch.Size(args[2]).numel():
+        rows = args[1].numel() // torch.Size(args[2]).numel()  # the input's rows of normalized_shape's size
+        if args[0].numel() < args[1].numel() or min(args[3].numel(), args[4].numel()) < rows:
+            return f"{name}: grad_out holds fewer values than the input, or mean or rstd fewer than its {rows} rows"
     short = _short_channels(op, name, args) or _ctc_past_ends(name, args)
     if short:
         return short

@@ -321,6 +321,14 @@ def _short_argument(name: str, args: list) -> str:
                     f"into a tensor shaped like saved_g, leaving the rest unset; {fix}")
         reads = [("grad_w", grad_w.numel(), v.numel()), ("saved_g", g.numel(), _slices(v, dim)),
                  ("saved_norms", norms.numel(), _slices(v, dim))]
+    elif name == "native_layer_norm_backward.default" and len(args) >= 5:
+        grad, x, normalized, mean, rstd = args[:5]  # read as the input's rows of normalized_shape's size
+        size = math.prod(normalized)
+        if x.dim() < len(normalized) or not size:
+            return ""  # the kernel's own input checks refuse these, or nothing is read
+        rows = x.numel() // size
+        reads = [("grad_out", grad.numel(), x.numel()), ("mean", mean.numel(), rows), ("rstd", rstd.numel(), rows)]
+        fix = "pass the gradient of the forward op's output and the mean and rstd it returned"
     elif name.split(".")[0] in _ADAPTIVE_POOL_BACKWARD and len(args) >= 2:
         k = 3 if "3d" in name else 2
         given, planes = _planes(args[0], k), _planes(args[1], k)
