@@ -693,6 +693,8 @@ def test_cases_eagers_kernel_cannot_run_safely_are_skipped_before_it_runs(tmp_pa
                                            alpha, 0]) == ""
     assert "log_alpha smaller" in unsafe_for_eager(ctc_backward, [torch.ones(2), log_probs, padded, lengths,
                                                                   target_lengths, torch.ones(2), alpha[:, :, :4], 0])
+    assert "grad or neg_log_likelihood holds fewer values" in unsafe_for_eager(  # one per sequence (found: reads past)
+        ctc_backward, [torch.ones(1), log_probs, padded, lengths, target_lengths, torch.ones(2), alpha, 0])
     dense = torch.ops.aten.embedding_dense_backward.default  # scatters into num_weights rows by the indices
     assert unsafe_for_eager(dense, [torch.ones(2, 3), torch.tensor([0, 2]), 3, -1, False]) == ""
     assert "not a row of the 3-row gradient" in unsafe_for_eager(dense, [torch.ones(2, 3), torch.tensor([0, 3]), 3,
@@ -728,6 +730,12 @@ def test_cases_eagers_kernel_cannot_run_safely_are_skipped_before_it_runs(tmp_pa
     assert "grad_out holds fewer values than the input" in unsafe_for_eager(ln, [x[:1], x, [32], stats, stats, None,
                                                                                  None, [True] * 3])
     assert "fewer than its 2 rows" in unsafe_for_eager(ln, [x, x, [32], stats, stats[:1], None, None, [True] * 3])
+    gather = torch.ops.aten.gather.default  # an expanded int32 index skips eager's bounds check (found: no error)
+    index = torch.tensor([16, 32], dtype=torch.int32).unsqueeze(1).expand(2, 32)
+    assert "skips the bounds check" in unsafe_for_eager(gather, [torch.zeros(32, 32), 0, index])
+    assert unsafe_for_eager(gather, [torch.zeros(32, 32), 0, index.long()]) == ""  # eager raises: both are compared
+    assert unsafe_for_eager(gather, [torch.zeros(32, 32), 0, index.contiguous()]) == ""
+    assert unsafe_for_eager(gather, [torch.zeros(33, 32), 0, index]) == ""  # in bounds
     # oneDNN's RNN layer backward trusts every size, its workspace's too (found: eager corrupting the heap)
     rnn = torch.ops.aten.mkldnn_rnn_layer_backward.default
     x, hx, w_ih, w_hh, bias = torch.zeros(5, 3, 4), torch.zeros(3, 6), torch.zeros(24, 4), torch.zeros(24, 6), torch.zeros(24)
@@ -740,6 +748,10 @@ def test_cases_eagers_kernel_cannot_run_safely_are_skipped_before_it_runs(tmp_pa
     assert "workspace is smaller" in unsafe_for_eager(rnn, [x, w_ih, w_hh, bias, bias, hx, hx, out, hy, cy, out, *tail,
                                                             ws[:1]])
     avg3d = torch.ops.aten._adaptive_avg_pool3d_backward.default  # 3-D: a grad_output plane per input plane
+    pad = torch.ops.aten.replication_pad3d_backward.default  # a grad_output plane per input plane (found: NaN)
+    assert "fewer planes than the input" in unsafe_for_eager(pad, [torch.ones(1, 3, 6, 6, 6), torch.ones(2, 3, 4, 4, 4),
+                                                                   [1] * 6])
+    assert unsafe_for_eager(pad, [torch.ones(2, 3, 6, 6, 6), torch.ones(2, 3, 4, 4, 4), [1] * 6]) == ""
     assert "fewer planes than the input" in unsafe_for_eager(avg3d, [torch.ones(1, 1, 2, 2, 2), torch.ones(1, 3, 4, 4, 4)])
     assert unsafe_for_eager(avg3d, [torch.ones(1, 3, 2, 2, 2), torch.ones(1, 1, 4, 4, 4)]) == ""
     frac = torch.ops.aten.fractional_max_pool3d_backward.default

@@ -595,6 +595,26 @@ def test_weight_norm_backward_with_more_saved_g_values_than_slices_is_refused_no
                 op(*[t.to("mncore") for t in (grad_w, v, g, norms)], 2)
 
 
+@pytest.mark.parametrize("kind", ["reflection", "replication"])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_padding_backward_with_fewer_planes_than_the_input_is_refused_not_read_past(kind: str, k: int):
+    """Found by fuzzing (NaN in the gradient, and a mismatch of 2e140 a fresh worker did not reproduce): CPU's
+    reflection and replication padding backward kernels check the padded sizes of ``grad_output`` but read one
+    of its planes per plane of the input, so a gradient of fewer batches or channels is read past its end,
+    eager's too. mncore refuses it, naming both counts; the padding op's own gradient matches eager's in
+    float64, batched and unbatched."""
+    torch.manual_seed(k)
+    pad = getattr(torch.nn, f"{kind.capitalize()}Pad{k}d")(1)
+    backward = getattr(torch.ops.aten, f"{kind}_pad{k}d_backward")
+    for shape in [(2, 3) + (4,) * k, (3,) + (4,) * k]:
+        x = torch.randn(shape, dtype=torch.float64)
+        grad = torch.randn(pad(x).shape, dtype=torch.float64)
+        got = backward(grad.to("mncore"), x.to("mncore"), [1] * (2 * k))
+        torch.testing.assert_close(got.cpu(), backward(grad, x, [1] * (2 * k)))
+    with pytest.raises(RuntimeError, match="grad_output has 3 planes but the input 6, and the kernel reads a grad_output "
+                                           "plane for each"):
+        backward(torch.ones((1, 3) + (6,) * k).to("mncore"), torch.ones((2, 3) + (4,) * k).to("mncore"), [1] * (2 * k))
+
 def test_pool_backward_with_planes_unlike_the_inputs_is_refused_not_a_crash():
     """Found by fuzzing (worker crashes a fresh worker did not reproduce): CPU's 2-D adaptive pooling backward
     ops (max and average) write the gradient of each ``grad_output`` plane into the input's plane of the same

@@ -388,6 +388,8 @@ def _ctc_past_ends(name: str, args: list) -> str:
         need = [log_probs.shape[1], max(ins, default=0), 2 * max(outs, default=0) + 1]
         if args[6].dim() != 3 or any(h < n for h, n in zip(args[6].shape, need)):
             return "ctc_loss_backward: log_alpha smaller than the targets need"
+        if min(args[0].numel(), args[5].numel()) < batch:  # one per sequence, read by its number
+            return "ctc_loss_backward: grad or neg_log_likelihood holds fewer values than the batch has sequences"
     return ""
 
 
@@ -427,11 +429,13 @@ def _attention_unfit(name: str, args: list) -> str:
     return ""
 
 
-# Adaptive pooling backward: 2-D kernels write each grad_output plane's gradient into the input's plane of that
-# number (more planes: written past the input's gradient); 3-D kernels read a grad_output plane per input plane
-# (fewer: read past, and max pooling's indices read there then write anywhere).
-_ADAPTIVE_POOL_PLANES = {"adaptive_max_pool2d_backward", "_adaptive_avg_pool2d_backward", "adaptive_max_pool3d_backward",
-                         "_adaptive_avg_pool3d_backward"}
+# Backward kernels that pair grad_output's planes (all but the last k dimensions) with the input's, as (k, one
+# per grad_output plane): 2-D adaptive pooling writes each grad_output plane's gradient into the input's plane
+# of that number (more planes: written past the input's gradient); 3-D adaptive pooling and padding read a
+# grad_output plane per input plane (fewer: read past, and max pooling's indices read there write anywhere).
+_PLANE_PAIRS = {**dict.fromkeys(("adaptive_max_pool2d_backward", "_adaptive_avg_pool2d_backward"), (2, True)),
+                **dict.fromkeys(("adaptive_max_pool3d_backward", "_adaptive_avg_pool3d_backward"), (3, False)),
+                **{f"{kind}_pad{k}d_backward": (k, False) for kind in ("reflection", "replication") for k in (1, 2, 3)}}
 
 
 def _rnn_layer_unfit(name: str, args: list) -> str:
@@ -509,6 +513,12 @@ def unsafe_for_eager(op: Any, args: list) -> str:
         rows = args[1].numel() // torch.Size(args[2]).numel()  # the input's rows of normalized_shape's size
         if args[0].numel() < args[1].numel() or min(args[3].numel(), args[4].numel()) < rows:
             return f"{name}: grad_out holds fewer values than the input, or mean or rstd fewer than its {rows} rows"
+    if name == "gather" and len(args) >= 3 and args[2].dtype == torch.int32 and args[2].numel():
+        index, size = args[2], args[0].shape[args[1]] if args[0].dim() else 1
+        if (any(st == 0 and n > 1 for n, st in zip(index.shape, index.stride()))
+                and (index.min() < 0 or index.max() >= size)):
+            return ("gather: eager's fast path for an expanded int32 index skips the bounds check (int64 and dense "
+                    "indices raise) and reads past the input")
     short = _short_channels(op, name, args) or _ctc_past_ends(name, args)
     if short:
         return short
@@ -531,11 +541,11 @@ def unsafe_for_eager(op: Any, args: list) -> str:
         plane = args[1].shape[-at[1]:].numel()
         if args[at[0]].min() < 0 or args[at[0]].max() >= plane:
             return f"{name}: an index is outside the input's planes of {plane} positions"
-    if name in _ADAPTIVE_POOL_PLANES and len(args) >= 2:
-        k = 3 if "3d" in name else 2
+    if name in _PLANE_PAIRS and len(args) >= 2:
+        k, by_grad = _PLANE_PAIRS[name]
         given, planes = args[0].shape[:-k].numel(), args[1].shape[:-k].numel()
-        if given > planes if k == 2 else given < planes:
-            return f"{name}: grad_output has {'more' if k == 2 else 'fewer'} planes than the input"
+        if given > planes if by_grad else given < planes:
+            return f"{name}: grad_output has {'more' if by_grad else 'fewer'} planes than the input"
     if name == "fractional_max_pool3d_backward" and len(args) >= 5:
         planes = args[1].shape[:-3].numel() * torch.Size(args[3]).numel()  # the input's planes of output_size
         if min(args[0].numel(), args[4].numel()) < planes:

@@ -282,14 +282,16 @@ def _unmatched_list(op: Any, name: str, args: list, kwargs: dict) -> str:
     return ""
 
 
-# Adaptive pooling backward: how the CPU kernel pairs grad_output's planes with the input's (2-D: by
-# grad_output's count, so more planes are written past the input's gradient; 3-D: by the input's, so fewer
-# are read past, and max pooling's garbage indices then write anywhere).
-_ADAPTIVE_POOL_BACKWARD = {
-    **dict.fromkeys(("adaptive_max_pool2d_backward", "_adaptive_avg_pool2d_backward"),
-                    "writes each grad_output plane's gradient into the input's plane of the same number"),
-    **dict.fromkeys(("adaptive_max_pool3d_backward", "_adaptive_avg_pool3d_backward"),
-                    "reads a grad_output plane for each of the input's planes"),
+# Backward ops whose CPU kernel pairs grad_output's planes (all but its last k dimensions) with the input's,
+# trusting their counts, and how: 2-D adaptive pooling by grad_output's count, so more planes are written past
+# the input's gradient; 3-D adaptive pooling and padding by the input's, so fewer are read past (and max
+# pooling's garbage indices then write anywhere).
+_PLANES_BY_GRAD = "writes each grad_output plane's gradient into the input's plane of the same number"
+_PLANES_BY_INPUT = "reads a grad_output plane for each of the input's planes"
+_PLANE_BACKWARD = {
+    **dict.fromkeys(("adaptive_max_pool2d_backward", "_adaptive_avg_pool2d_backward"), (2, _PLANES_BY_GRAD)),
+    **dict.fromkeys(("adaptive_max_pool3d_backward", "_adaptive_avg_pool3d_backward"), (3, _PLANES_BY_INPUT)),
+    **{f"{kind}_pad{k}d_backward": (k, _PLANES_BY_INPUT) for kind in ("reflection", "replication") for k in (1, 2, 3)},
 }
 
 
@@ -329,13 +331,12 @@ def _short_argument(name: str, args: list) -> str:
         rows = x.numel() // size
         reads = [("grad_out", grad.numel(), x.numel()), ("mean", mean.numel(), rows), ("rstd", rstd.numel(), rows)]
         fix = "pass the gradient of the forward op's output and the mean and rstd it returned"
-    elif name.split(".")[0] in _ADAPTIVE_POOL_BACKWARD and len(args) >= 2:
-        k = 3 if "3d" in name else 2
+    elif name.split(".")[0] in _PLANE_BACKWARD and len(args) >= 2:
+        k, pairing = _PLANE_BACKWARD[name.split(".")[0]]
         given, planes = _planes(args[0], k), _planes(args[1], k)
-        if given > planes if k == 2 else given < planes:
+        if given > planes if pairing is _PLANES_BY_GRAD else given < planes:
             return (f"mncore: {name.split('.')[0]}: grad_output has {given} planes but the input {planes}, and "
-                    f"the kernel {_ADAPTIVE_POOL_BACKWARD[name.split('.')[0]]}; pass the "
-                    "gradient of the pooling op's output")
+                    f"the kernel {pairing}; pass the gradient of the forward op's output")
         return ""
     elif name == "fractional_max_pool3d_backward.default" and len(args) >= 5:
         grad, x, _, output_size, indices = args[:5]  # read as the input's planes of output_size positions
