@@ -680,6 +680,8 @@ def test_cases_eagers_kernel_cannot_run_safely_are_skipped_before_it_runs(tmp_pa
     empty = torch.ones(0)  # evaluation saves no statistics, and its backward reads the running ones
     assert unsafe_for_eager(bn_backward, [x, x, per_channel[0], *per_channel[:2], empty, empty, False, 1e-5,
                                           [True] * 3]) == ""
+    assert "grad_out holds fewer values than the input" in unsafe_for_eager(  # read as the input (found: NaN)
+        bn_backward, [x[:, :, :1], x, per_channel[0], *per_channel[:2], empty, empty, False, 1e-5, [True] * 3])
     # CTC's kernels index by the used labels and fill a tensor shaped like log_alpha (found: a label past the
     # classes and a short log_alpha); padding past target_lengths is not read
     ctc, ctc_backward = torch.ops.aten._ctc_loss.Tensor, torch.ops.aten._ctc_loss_backward.Tensor
@@ -773,7 +775,10 @@ def test_cases_eagers_kernel_cannot_run_safely_are_skipped_before_it_runs(tmp_pa
     # eager's _embedding_bag reads offsets as if contiguous (found: [0, 0] at stride 2 read as [0, 4])
     bag_forward, offsets = torch.ops.aten._embedding_bag.default, torch.tensor([0, 9, 0])
     assert unsafe_for_eager(bag_forward, [torch.ones(4, 2), torch.tensor([1]), offsets[::2].contiguous()]) == ""
-    assert "strided offsets" in unsafe_for_eager(bag_forward, [torch.ones(4, 2), torch.tensor([1]), offsets[::2]])
+    assert "strided indices or offsets" in unsafe_for_eager(bag_forward, [torch.ones(4, 2), torch.tensor([1]),
+                                                                            offsets[::2]])
+    assert "strided indices or offsets" in unsafe_for_eager(  # so are indices (found: eager raising on valid ones)
+        bag_forward, [torch.ones(4, 2), torch.tensor([1, 0, 1])[::2], torch.tensor([0])])
     assert "does not fit the query" in unsafe_for_eager(forward, [torch.zeros(1, 3, 3, 4), kv, kv])
     # torchvision's RoI kernels read (backward: write) the image column 0 of each box names (found: NaN gradients)
     pytest.importorskip("torchvision")  # registers torch.ops.torchvision

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import ctypes
+import warnings
 from typing import Iterator
 
 import pytest
@@ -335,6 +336,37 @@ def test_fused_adam_with_matching_lists_still_matches_eager():
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("name", ["native_batch_norm_backward", "batch_norm_backward"])
+def test_batch_norm_gradient_of_an_input_without_batch_or_channels_is_zero_not_a_crash(name: str):
+    """Found by fuzzing: CPU's batch-norm backward kernels divide by the batch size and the channel count, so
+    an input with no batch or no channels killed the process (SIGFPE, eager's own too), and mncore's shape
+    rule divided by zero first (the op then ran on the host, where it crashed). The gradients are sums over
+    nothing: an empty input gradient and zero weight and bias gradients, computed in the graph (no host
+    fallback), for each output the mask asks for; an input with both still gets eager's gradients."""
+    op = getattr(torch.ops.aten, name).default
+    tail = [torch.empty(0, dtype=torch.uint8)] if name == "batch_norm_backward" else []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", mncore.HostFallbackWarning)
+        for shape in [(0, 3, 2, 2), (2, 0, 2, 2), (0, 0)]:
+            c = shape[1]
+            x, stats = torch.randn(shape), [torch.rand(c) + 0.5 for _ in range(5)]
+            for train, mask in [(True, [True] * 3), (False, [True, False, True]), (True, [False, True, False])]:
+                got = op(*[t.to("mncore") for t in (x, x, *stats)], train, 1e-5, mask,
+                         *[t.to("mncore") for t in tail])
+                for g, asked, want in zip(got, mask, (shape, (c,), (c,))):
+                    if asked:
+                        assert g.shape == want and not g.cpu().count_nonzero(), (shape, train, mask)
+    torch.manual_seed(0)
+    x, w, b = torch.randn(4, 3, 2, 2, dtype=torch.float64), torch.rand(3, dtype=torch.float64), torch.rand(3, dtype=torch.float64)
+    mean, var = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    _, save_mean, save_invstd = torch.ops.aten.native_batch_norm(x, w, b, mean, var, True, 0.1, 1e-5)
+    grad = torch.randn_like(x)
+    args = [grad, x, w, mean, var, save_mean, save_invstd, True, 1e-5, [True] * 3]
+    want = op(*args, *tail)
+    got = op(*[a.to("mncore") if isinstance(a, torch.Tensor) else a for a in args + tail])
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g.cpu(), e)
+
 def test_pdist_gradient_of_an_input_without_rows_is_empty_not_a_crash():
     """Found by fuzzing: CPU's ``_pdist_backward`` divides by zero on a (0, m) input and the process dies
     (SIGFPE, eager's own too), and mncore ran that kernel. The gradient of no rows is empty; an input with
@@ -385,6 +417,11 @@ def test_batch_norm_with_statistics_unlike_the_channels_is_refused_not_a_crash()
     bn(xe).pow(2).sum().backward()
     copy.deepcopy(bn).to("mncore")(xd).pow(2).sum().backward()
     torch.testing.assert_close(xd.grad.cpu(), xe.grad)
+    # the backward kernels read grad_out as the input's values (found fuzzing: NaN from a gradient of 1 row for 4)
+    _, mean, invstd = op(x, *stats, True, 0.1, 1e-5)
+    with pytest.raises(RuntimeError, match="grad_out holds 12 values, but the kernel reads one per value of the input, 72"):
+        torch.ops.aten.native_batch_norm_backward(*[t.to("mncore") for t in (x[:1, :, :1], x, stats[0], stats[2], stats[3],
+                                                                             mean, invstd)], True, 1e-5, [True] * 3)
 
 
 def test_embedding_backward_with_indices_past_the_rows_is_refused_not_a_crash():

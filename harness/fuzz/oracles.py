@@ -344,7 +344,8 @@ _PER_PARAMETER = {"_fused_adam": 5, "_fused_adamw": 5, "_fused_sgd": 3, "_fused_
 
 def _short_channels(op: Any, name: str, args: list) -> str:
     """Batch norm's CPU kernels take one value per channel from the affine tensors and the statistics
-    they use (training: the saved ones in backward), and training forward writes the running ones."""
+    they use (training: the saved ones in backward), and training forward writes the running ones; the
+    backward kernels read grad_out as the input's values."""
     if "batch_norm" not in name:
         return ""
     a = dict(zip((s.name for s in op._schema.arguments), args))
@@ -355,6 +356,8 @@ def _short_channels(op: Any, name: str, args: list) -> str:
     if "backward" in name:
         used = ["weight"] + (["save_mean", "save_invstd", "save_var"] if a.get("train", a.get("update"))
                              else ["running_mean", "running_var"])
+        if isinstance(a.get("grad_out"), torch.Tensor) and a["grad_out"].numel() < x.numel():
+            return f"{name}: grad_out holds fewer values than the input"
     for arg in used:
         if isinstance(a.get(arg), torch.Tensor) and a[arg].numel() < x.shape[1]:
             return f"{name}: {arg} holds fewer values than the input has channels"
@@ -556,8 +559,10 @@ def unsafe_for_eager(op: Any, args: list) -> str:
         return _rnn_layer_unfit(name, args)
     if op._schema.name.startswith("torchvision::") and "roi" in name:
         return _roi_unfit(op, name, args)
-    if name in ("_embedding_bag", "_embedding_bag_forward_only") and len(args) > 2 and not args[2].is_contiguous():
-        return f"{name}: eager reads strided offsets as if they were contiguous: other elements, up to past their end"
+    if name in ("_embedding_bag", "_embedding_bag_forward_only") and len(args) > 2 and not (
+            args[1].is_contiguous() and args[2].is_contiguous()):
+        return (f"{name}: eager reads strided indices or offsets as if they were contiguous: other elements, up to "
+                "past their end")
     if name == "_weight_norm_interface" and len(args) >= 3 and -args[0].dim() <= args[2] < args[0].dim():
         g = args[1]  # the kernel writes one norm per slice of v into a new tensor laid out like g
         room = 1 + sum((n - 1) * st for n, st in zip(g.shape, g.stride())) if g.numel() else 0

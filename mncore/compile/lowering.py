@@ -52,6 +52,33 @@ def _margin_loss_of_no_rows(op: Any) -> Callable:
     return run
 
 
+def batch_norm_backward_of_nothing(op: Any) -> Callable:
+    """CPU's batch-norm backward kernels divide by the batch size and by the channel count, so an input with
+    no batch or no channels kills the process (SIGFPE, eager's too; found by fuzzing). Its gradients are
+    sums over nothing: an empty input gradient, zero weight and bias gradients. The kernel still runs on
+    one value of the same dtypes first, so that it refuses what it refuses for any input and says which
+    gradients exist. Used as the op's shape rule too (its meta rule divides by zero there)."""
+    def run(*args: Any, **kwargs: Any) -> Any:
+        x = named_args(op, args, kwargs)["input"]
+        if x.dim() < 2 or (x.size(0) and x.size(1)):
+            return op(*args, **kwargs)
+        one = (1,) * x.dim()
+
+        def stand_in(v: Any) -> Any:
+            if not isinstance(v, torch.Tensor):
+                return v
+            size = one if v.dim() == x.dim() else (1,) if v.numel() or v.size(0) == x.size(1) else (0,)
+            return torch.ones(size, dtype=v.dtype)
+
+        grads = op(*[stand_in(v) for v in args], **{k: stand_in(v) for k, v in kwargs.items()})
+        shapes = (x.shape, (x.size(1),), (x.size(1),))
+        return tuple(None if g is None else torch.zeros(shape, dtype=g.dtype, device=x.device)
+                     for g, shape in zip(grads, shapes))
+
+    run.__name__ = f"{op._schema.name.split('::')[-1]}_of_nothing"
+    return run
+
+
 def _grouped_mm_covered(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor | None = None, bias: Any = None,
                         out_dtype: Any = None) -> torch.Tensor:
     """CPU's ``_grouped_mm`` writes only what its groups cover and leaves the rest as the allocation held it
@@ -125,6 +152,8 @@ _BUILTIN: dict[Any, Callable] = {op: _standing_in(op, fn) for op, fn in {
     aten.histc.default: _histc_any_dtype,
     aten._grouped_mm.default: _grouped_mm_covered,
     aten._pdist_backward.default: _pdist_backward_of_no_rows,
+    **{op: batch_norm_backward_of_nothing(op) for op in (aten.native_batch_norm_backward.default,
+                                                         aten.batch_norm_backward.default)},
     aten.multi_margin_loss.default: _margin_loss_of_no_rows(aten.multi_margin_loss.default),
     aten.multilabel_margin_loss_forward.default: _margin_loss_of_no_rows(aten.multilabel_margin_loss_forward.default),
     **LAZY_BIT_VIEWS,

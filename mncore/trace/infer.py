@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from mncore.compile.lowering import batch_norm_backward_of_nothing
 from mncore.errors import layout_error
 from mncore.ir.meta import meta_of
 from mncore.ir.ops import named_args
@@ -85,7 +86,9 @@ def _histc(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
 
 
 # Ops whose meta rule does not describe what the CPU computes: the rule here does.
-_OWN_SHAPE_RULES = {"_grouped_mm.default": _grouped_mm, "histc.default": _histc}
+_OWN_SHAPE_RULES = {"_grouped_mm.default": _grouped_mm, "histc.default": _histc,
+                    **{op.__name__: batch_norm_backward_of_nothing(op)
+                       for op in (torch.ops.aten.native_batch_norm_backward.default, torch.ops.aten.batch_norm_backward.default)}}
 
 
 def _eval_batch_norm(args: list, kwargs: dict, out: tuple) -> tuple:
@@ -360,7 +363,8 @@ _BATCH_NORMS = {"native_batch_norm", "_native_batch_norm_legit", "_native_batch_
 def _channels(op: Any, name: str, args: list, kwargs: dict) -> str:
     """Batch norm's CPU kernels read one value per channel from each affine and statistics tensor, and in
     training write the running statistics, trusting their sizes (fewer values: read or written past their
-    end, eager's too). PyTorch's ``batch_norm`` requires exactly one per channel; so does mncore here."""
+    end, eager's too). PyTorch's ``batch_norm`` requires exactly one per channel; so does mncore here. The
+    backward kernels also read ``grad_out`` as the input's values."""
     base = name.split(".")[0]
     if base not in _BATCH_NORMS:
         return ""
@@ -372,6 +376,10 @@ def _channels(op: Any, name: str, args: list, kwargs: dict) -> str:
     if "backward" in base:  # training reads the saved statistics, evaluation the running ones
         names = ["weight"] + (["save_mean", "save_invstd", "save_var"] if a.get("train", a.get("update"))
                               else ["running_mean", "running_var"])
+        grad = a.get("grad_out")
+        if isinstance(grad, torch.Tensor) and grad.numel() < x.numel():  # read as the input's values (found: NaN)
+            return (f"mncore: {base}: grad_out holds {grad.numel()} values, but the kernel reads one per value of the "
+                    f"input, {x.numel()}; pass the gradient of the forward op's output")
     for arg in names:
         t = a.get(arg)
         if isinstance(t, torch.Tensor) and t.numel() != x.shape[1]:
