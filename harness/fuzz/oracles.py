@@ -479,10 +479,10 @@ def _roi_unfit(op: Any, name: str, args: list) -> str:
     a = dict(zip([arg.name for arg in op._schema.arguments], args))
     rois = a.get("rois")
     batch = a.get("batch_size", a["input"].shape[0] if "input" in a else None)
-    if rois is None or batch is None or rois.dim() != 2 or rois.shape[1] != 5:
+    if rois is None or batch is None or rois.dim() != 2:
         return ""
-    images = rois[:, 0].to(torch.int64)
-    if rois.numel() and (images.min() < 0 or images.max() >= batch):
+    images = rois[:, 0].to(torch.int64) if rois.shape[1] == 5 else None  # other widths: boxes read at 5 a row
+    if images is not None and rois.numel() and (images.min() < 0 or images.max() >= batch):
         return f"{name}: a box names an image outside the batch of {batch}"
     if "grad" in a and a["grad"].numel() and {"channels", "pooled_height", "pooled_width"} <= a.keys():
         pooled = [a["pooled_height"], a["pooled_width"]]
