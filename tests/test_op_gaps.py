@@ -221,6 +221,23 @@ def test_grouped_mm_refuses_at_the_op_what_eager_refuses():
         torch.ops.aten._grouped_mm(a.to("mncore"), b.to("mncore"), offs.to("mncore"))
 
 
+
+@pytest.mark.parametrize("empty", ["mat_b", "mat_a"])
+def test_grouped_mm_with_an_empty_transposed_operand_runs_as_in_eager(empty: str, sim_env):
+    """Found by fuzzing ``mncore2:auto``: an empty transposed operand passes eager's alignment check, but its
+    device buffer is a dense copy whose rows of one element the kernel refused when the graph ran. mncore
+    gives it strides the kernel accepts; the result has eager's shape and, where the offsets leave groups
+    empty, zeros (the sum over nothing)."""
+    torch.manual_seed(0)
+    a, b = torch.randn(8, 8, dtype=torch.float16).t(), torch.randn(0, 8, dtype=torch.float16).t()
+    if empty == "mat_a":
+        a, b = torch.randn(0, 8, dtype=torch.float16).t(), torch.randn(8, 8, dtype=torch.float16).t()
+    offs = torch.tensor([0 if empty == "mat_a" else 4, 0 if empty == "mat_a" else 8], dtype=torch.int32)
+    want = torch.ops.aten._grouped_mm(a, b, offs)
+    mncore.init("mncore2:auto")  # its buffers are dense copies (pfvm's keep the transposed strides)
+    got = torch.ops.aten._grouped_mm(a.to("mncore"), b.to("mncore"), offs.to("mncore")).cpu()
+    assert got.shape == want.shape and got.dtype == want.dtype and not got.count_nonzero()
+
 EMBEDDING_BAG = {  # (mode, per-sample weights, include_last_offset, padding_idx, dtype): each CPU kernel path
     "sum, fast path": ("sum", False, False, None, torch.float32),
     "sum, weighted, last offset": ("sum", True, True, None, torch.float32),

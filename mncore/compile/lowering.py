@@ -79,6 +79,18 @@ def batch_norm_backward_of_nothing(op: Any) -> Callable:
     return run
 
 
+def _aligned_if_empty(m: torch.Tensor) -> torch.Tensor:
+    """An empty ``_grouped_mm`` operand with strides its kernel accepts (rows 16-byte aligned). A device buffer is
+    a dense copy, and a dense empty matrix has rows of one element, which the kernel refuses where the user's
+    operand (a transposed view, found by fuzzing) passed; an empty operand holds no values, so any strides do."""
+    if m.numel() or m.dim() < 2:
+        return m
+    rows, cols = m.shape[-2:]
+    align = max(16 // m.element_size(), 1)
+    lead = -(-max(cols, 1) // align) * align
+    return torch.empty_strided(m.shape, (rows * lead, lead, 1)[-m.dim():], dtype=m.dtype, device=m.device)
+
+
 def _grouped_mm_covered(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor | None = None, bias: Any = None,
                         out_dtype: Any = None) -> torch.Tensor:
     """CPU's ``_grouped_mm`` writes only what its groups cover and leaves the rest as the allocation held it
@@ -86,7 +98,7 @@ def _grouped_mm_covered(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Te
     are sums over nothing: zero. With a 2-D ``mat_a`` and a 3-D ``mat_b`` that is the rows past the last
     offset, with 3-D and 2-D the columns past it, with both 2-D the groups whose share of the inner
     dimension is empty."""
-    out = aten._grouped_mm.default(mat_a, mat_b, offs, bias, out_dtype)
+    out = aten._grouped_mm.default(_aligned_if_empty(mat_a), _aligned_if_empty(mat_b), offs, bias, out_dtype)
     if offs is None:
         return out
     ends = offs.tolist()
