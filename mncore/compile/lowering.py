@@ -52,7 +52,7 @@ def _margin_loss_of_no_rows(op: Any) -> Callable:
     return run
 
 
-def batch_norm_backward_of_nothing(op: Any) -> Callable:
+def _batch_norm_backward_of_nothing(op: Any) -> Callable:
     """CPU's batch-norm backward kernels divide by the batch size and by the channel count, so an input with
     no batch or no channels kills the process (SIGFPE, eager's too; found by fuzzing). Its gradients are
     sums over nothing: an empty input gradient, zero weight and bias gradients. The kernel still runs on
@@ -77,6 +77,11 @@ def batch_norm_backward_of_nothing(op: Any) -> Callable:
 
     run.__name__ = f"{op._schema.name.split('::')[-1]}_of_nothing"
     return run
+
+
+# the kernels above, one per batch-norm backward op: also those ops' shape rules (``trace/infer.py``)
+BATCH_NORM_BACKWARD_OF_NOTHING = {op: _batch_norm_backward_of_nothing(op) for op in (
+    aten.native_batch_norm_backward.default, aten.batch_norm_backward.default)}
 
 
 def _aligned_if_empty(m: torch.Tensor) -> torch.Tensor:
@@ -164,8 +169,7 @@ _BUILTIN: dict[Any, Callable] = {op: _standing_in(op, fn) for op, fn in {
     aten.histc.default: _histc_any_dtype,
     aten._grouped_mm.default: _grouped_mm_covered,
     aten._pdist_backward.default: _pdist_backward_of_no_rows,
-    **{op: batch_norm_backward_of_nothing(op) for op in (aten.native_batch_norm_backward.default,
-                                                         aten.batch_norm_backward.default)},
+    **BATCH_NORM_BACKWARD_OF_NOTHING,
     aten.multi_margin_loss.default: _margin_loss_of_no_rows(aten.multi_margin_loss.default),
     aten.multilabel_margin_loss_forward.default: _margin_loss_of_no_rows(aten.multilabel_margin_loss_forward.default),
     **LAZY_BIT_VIEWS,

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from mncore.compile.lowering import batch_norm_backward_of_nothing
+from mncore.compile.lowering import BATCH_NORM_BACKWARD_OF_NOTHING
 from mncore.errors import layout_error
 from mncore.ir.meta import meta_of
 from mncore.ir.ops import named_args
@@ -87,8 +87,7 @@ def _histc(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
 
 # Ops whose meta rule does not describe what the CPU computes: the rule here does.
 _OWN_SHAPE_RULES = {"_grouped_mm.default": _grouped_mm, "histc.default": _histc,
-                    **{op.__name__: batch_norm_backward_of_nothing(op)
-                       for op in (torch.ops.aten.native_batch_norm_backward.default, torch.ops.aten.batch_norm_backward.default)}}
+                    **{op.__name__: rule for op, rule in BATCH_NORM_BACKWARD_OF_NOTHING.items()}}
 
 
 def _eval_batch_norm(args: list, kwargs: dict, out: tuple) -> tuple:
