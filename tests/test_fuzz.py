@@ -641,6 +641,42 @@ def test_a_crash_of_eagers_reference_gradient_is_a_skip_not_a_finding(tmp_path: 
     assert "phase eager_grad" in res["message"], res
 
 
+# Found fuzzing (seed 20261231): weight norm of a v with no slices along dim; the CPU kernel divides by their
+# number and the process dies of SIGFPE, eager's and (before it refused the call) pfvm's.
+_WEIGHT_NORM_NO_SLICES = {
+    "op": "aten._weight_norm_interface.default",
+    "args": [{"dtype": "float32", "range": [-1.0, 1.0], "shape": [32, 2, 0], "t": "tensor", "contiguous": True,
+              "stride": [2, 1, 1]},
+             {"dtype": "float32", "range": [-1.0, 1.0], "shape": [1, 1, 0], "t": "tensor", "contiguous": True,
+              "stride": [1, 1, 1]},
+             {"t": "int", "v": 2}],
+    "kwargs": {}, "mutations": [], "value_seed": 3, "row": "aten._weight_norm_interface.default[f32(32,2,0)]",
+    "index": 0,
+}
+
+
+@pytest.mark.parametrize("plugin, finding", [("tests.fuzz_plugins.eager_unguarded", False),
+                                             ("tests.fuzz_plugins.unguarded", True)])
+def test_after_eagers_kernel_dies_mncore_runs_alone_and_must_not(tmp_path: Path, plugin: str, finding: bool) -> None:
+    """A case eager's kernel dies on has no reference, yet mncore must not die on it too: a fresh worker runs it
+    on mncore alone. mncore refusing it is a skip that says so; mncore dying too (its refusal taken away) is a
+    crash finding of the ``lazy_alone`` oracle. Both plugins take the fuzzer's own skip of the case away."""
+    from harness.fuzz.worker import Worker
+
+    worker = Worker("pfvm:cpu", plugin, tmp_path / "worker.log", case_timeout=60)
+    try:
+        res = worker.run(_WEIGHT_NORM_NO_SLICES)
+    finally:
+        worker.close()
+    if finding:
+        assert (res["status"], res["kind"], res["oracle"]) == ("fail", "crash", "lazy_alone"), res
+    else:
+        assert res["status"] == "skip" and res["message"].startswith("eager reference crash"), res
+        assert "phase eager;" in res["message"], res
+        assert "mncore raised RuntimeError: mncore: _weight_norm_interface: v [32, 2, 0] has no slices" in res["message"]
+    assert "eager_died" not in res
+
+
 def test_cases_eagers_kernel_cannot_run_safely_are_skipped_before_it_runs(tmp_path: Path) -> None:
     """CPU's fused optimizer kernels and ``_pdist_backward`` trust their operands' sizes: given a smaller
     tensor they read or write past it and the worker dies later, in whatever phase runs next (found fuzzing:
@@ -780,6 +816,19 @@ def test_cases_eagers_kernel_cannot_run_safely_are_skipped_before_it_runs(tmp_pa
     assert "strided indices or offsets" in unsafe_for_eager(  # so are indices (found: eager raising on valid ones)
         bag_forward, [torch.ones(4, 2), torch.tensor([1, 0, 1])[::2], torch.tensor([0])])
     assert "does not fit the query" in unsafe_for_eager(forward, [torch.zeros(1, 3, 3, 4), kv, kv])
+    # kernels that divide by a size that is 0 or walk a gradient by the input's batch (found: SIGFPE, SIGSEGV)
+    assert "query or key of length 0" in unsafe_for_eager(forward, [q[:, :, :0], kv, kv])
+    assert "query or key of length 0" in unsafe_for_eager(forward, [q, kv[:, :, :0], kv[:, :, :0]])
+    assert unsafe_for_eager(forward, [q[:0], kv[:0], kv[:0]]) == ""  # no batch: eager runs it
+    assert "no slices along dim" in unsafe_for_eager(norm, [torch.zeros(32, 2, 0), torch.zeros(1, 1, 0), 2])
+    assert "no slices along dim" in unsafe_for_eager(norm_backward, [torch.zeros(0, 3)] * 2 + [torch.zeros(0, 1)] * 2 + [0])
+    assert unsafe_for_eager(norm, [torch.zeros(3, 0), torch.zeros(3, 1), 0]) == ""  # slices of nothing: eager's
+    assert "empty in a pooled dimension" in unsafe_for_eager(avg3d, [torch.ones(1, 3, 2, 2, 2), torch.ones(1, 3, 0, 4, 4)])
+    avg2d = torch.ops.aten.avg_pool2d_backward.default
+    pool_args = [[2, 2], [2, 2], [0, 0], False, True, None]
+    assert "batch differs" in unsafe_for_eager(avg2d, [torch.ones(3, 8, 2, 2), torch.ones(2, 8, 4, 4), *pool_args])
+    assert unsafe_for_eager(avg2d, [torch.ones(2, 8, 2, 2), torch.ones(2, 8, 4, 4), *pool_args]) == ""
+    assert unsafe_for_eager(avg2d, [torch.ones(8, 2, 2), torch.ones(8, 4, 4), *pool_args]) == ""  # unbatched
     # torchvision's RoI kernels read (backward: write) the image column 0 of each box names (found: NaN gradients)
     pytest.importorskip("torchvision")  # registers torch.ops.torchvision
     roi, roi_backward = torch.ops.torchvision.roi_align.default, torch.ops.torchvision._roi_align_backward.default

@@ -914,3 +914,57 @@ def test_roi_ops_match_eager_and_refuse_a_box_naming_an_image_outside_the_batch(
             mncore.wait_device_ops()
         with pytest.raises(mncore.DeviceExecutionError):
             out.cpu()
+
+
+def test_kernels_that_divide_by_an_empty_size_are_refused_not_a_crash():
+    """Found by fuzzing (seeds 20261231-2): the fuzzer, when eager's kernel killed its worker, ran the case on
+    mncore alone, which died too (pfvm runs the same CPU kernels): weight norm of a ``v`` with no slices
+    along ``dim`` and CPU flash attention of an empty query or key length (SIGFPE: the kernels divide by
+    these sizes), adaptive pooling backward of an input empty in a pooled dimension (SIGSEGV), and average
+    pooling and 3-D max pooling backward of a ``grad_output`` with another batch than the input's (their
+    kernels check every other size; heap corruption). mncore refuses each call, naming the sizes; the same
+    ops on well-formed inputs of the same kinds still give eager's results, in float64."""
+    aten = torch.ops.aten
+    f64 = dict(dtype=torch.float64)
+
+    def dev(*ts: torch.Tensor) -> list[torch.Tensor]:
+        return [t.to("mncore") for t in ts]
+
+    with pytest.raises(RuntimeError, match=r"_weight_norm_interface: v \[32, 2, 0\] has no slices along dim 2"):
+        aten._weight_norm_interface(*dev(torch.ones(32, 2, 0), torch.ones(1, 1, 0)), 2)
+    with pytest.raises(RuntimeError, match=r"_weight_norm_interface_backward: v \[0, 3\] has no slices along dim 0"):
+        aten._weight_norm_interface_backward(*dev(torch.ones(0, 3), torch.ones(0, 3), torch.ones(0, 1),
+                                                  torch.ones(0, 1)), 0)
+    v, g = torch.randn(3, 0, **f64), torch.rand(3, 1, **f64)  # slices of no values: defined, and eager's
+    for got, want in zip(aten._weight_norm_interface(*dev(v, g), 0), aten._weight_norm_interface(v, g, 0)):
+        _same(got, want)
+    flash = aten._scaled_dot_product_flash_attention_for_cpu
+    for q, kv in (((2, 2, 0, 8), (2, 2, 3, 8)), ((2, 2, 3, 8), (2, 2, 0, 8)), ((0, 2, 0, 8), (0, 2, 3, 8))):
+        with pytest.raises(RuntimeError, match="has length 0, and the CPU kernel divides its work by the lengths"):
+            flash(*dev(torch.ones(q), torch.ones(kv), torch.ones(kv)))
+    q, k, val = (torch.randn(s, **f64) for s in ((0, 2, 3, 8), (0, 2, 3, 8), (0, 2, 3, 8)))  # no batch: fine
+    for got, want in zip(flash(*dev(q, k, val)), flash(q, k, val)):
+        _same(got, want)
+    for op, k in ((aten._adaptive_avg_pool2d_backward, 2), (aten._adaptive_avg_pool3d_backward, 3)):
+        with pytest.raises(RuntimeError, match="has size 0 in a pooled dimension, which the forward op refuses"):
+            op(*dev(torch.ones((2, 4) + (3,) * k), torch.ones((2, 4, 0) + (5,) * (k - 1))))
+    with pytest.raises(RuntimeError, match="has size 0 in a pooled dimension"):
+        aten.adaptive_max_pool2d_backward(*dev(torch.ones(2, 4, 3, 3), torch.ones(2, 4, 5, 0),
+                                               torch.zeros(2, 4, 3, 3, dtype=torch.long)))
+    with pytest.raises(RuntimeError, match="avg_pool2d_backward: grad_output has a batch of 3 but the input 2"):
+        aten.avg_pool2d_backward(*dev(torch.ones(3, 8, 2, 2), torch.ones(2, 8, 4, 4)), [2, 2], [2, 2], [0, 0],
+                                 False, True, None)
+    with pytest.raises(RuntimeError, match="avg_pool3d_backward: grad_output has a batch of 1 but the input 2"):
+        aten.avg_pool3d_backward(*dev(torch.ones(1, 8, 2, 2, 2), torch.ones(2, 8, 4, 4, 4)), [2] * 3, [2] * 3,
+                                 [0] * 3, False, True, None)
+    with pytest.raises(RuntimeError, match="max_pool3d_with_indices_backward: grad_output has a batch of 3 but"):
+        aten.max_pool3d_with_indices_backward(*dev(torch.ones(3, 3, 2, 2, 2), torch.ones(2, 3, 4, 4, 4)), [2] * 3,
+                                              [2] * 3, [0] * 3, [1] * 3, False,
+                                              torch.zeros(3, 3, 2, 2, 2, dtype=torch.long).to("mncore"))
+    for pool in (lambda t: F.avg_pool2d(t.flatten(1, 2), 2), lambda t: F.avg_pool3d(t, 2),
+                 lambda t: F.max_pool3d(t, 2), lambda t: F.adaptive_avg_pool3d(t, 3)):
+        x = torch.randn(2, 3, 4, 6, 6, **f64)  # each op's own gradient: eager's
+        xe, xd = x.clone().requires_grad_(), x.to("mncore").requires_grad_()
+        pool(xe).pow(2).sum().backward()
+        pool(xd).pow(2).sum().backward()
+        torch.testing.assert_close(xd.grad.cpu(), xe.grad)

@@ -245,6 +245,9 @@ def _attention(name: str, args: list, kwargs: dict) -> str:
                 "not fit: key and value need the same batch, heads and length, key the query's batch and head "
                 "size, and the query's heads must be a multiple of key's; the CPU kernel would read past the "
                 "smaller tensor")
+    if not backward and 0 in (query.shape[2], key.shape[2]):  # found by fuzzing: SIGFPE, eager's too
+        return (f"mncore: {op}: query {list(query.shape)} or key {list(key.shape)} has length 0, and the CPU kernel "
+                "divides its work by the lengths (eager PyTorch's dies of it); leave the op out for empty sequences")
     if not backward or len(args) < 8:
         return ""
     grad_out, out, logsumexp, dropout_p, is_causal = args[0], args[4], args[5], args[6], args[7]
@@ -297,10 +300,23 @@ _PLANE_BACKWARD = {
 }
 
 
+# Weight norm's kernels: the positions of v and dim.
+_WEIGHT_NORM_V_DIM = {"_weight_norm_interface.default": (0, 2), "_weight_norm_interface_backward.default": (1, 4)}
+# Pooling backward kernels that check grad_output's sizes except its batch (k pooled dimensions).
+_POOL_BATCH = {"avg_pool2d_backward": 2, "avg_pool3d_backward": 3, "max_pool3d_with_indices_backward": 3}
+
+
 def _short_argument(name: str, args: list) -> str:
     """An argument holding fewer values than the kernel reads from it (more are read as eager reads them), or
     a saved g of weight norm's backward with more values than the gradient the kernel writes."""
     fix = "pass the tensors the forward op returned"
+    at = _WEIGHT_NORM_V_DIM.get(name)
+    if at and len(args) > at[1]:
+        v, dim = args[at[0]], args[at[1]]
+        if isinstance(dim, int) and v.dim() and -v.dim() <= dim < v.dim() and not v.shape[dim]:  # SIGFPE, eager's too
+            return (f"mncore: {name.split('.')[0]}: v {list(v.shape)} has no slices along dim {dim}, and the CPU kernel "
+                    "divides by their number (eager PyTorch's dies of it); a weight with no slices has nothing to "
+                    "normalize")
     if name == "_weight_norm_interface.default" and len(args) >= 3:
         v, g, dim = args[:3]  # the kernel also writes one norm per slice into a tensor laid out like g
         reads = [("g", g.numel(), _slices(v, dim))]
@@ -333,8 +349,19 @@ def _short_argument(name: str, args: list) -> str:
         rows = x.numel() // size
         reads = [("grad_out", grad.numel(), x.numel()), ("mean", mean.numel(), rows), ("rstd", rstd.numel(), rows)]
         fix = "pass the gradient of the forward op's output and the mean and rstd it returned"
+    elif name.split(".")[0] in _POOL_BATCH and len(args) >= 2:
+        grad, x, k = args[0], args[1], _POOL_BATCH[name.split(".")[0]]
+        if grad.dim() == x.dim() == k + 2 and grad.shape[0] != x.shape[0]:  # other sizes: the kernel checks them
+            return (f"mncore: {name.split('.')[0]}: grad_output has a batch of {grad.shape[0]} but the input "
+                    f"{x.shape[0]}, and the kernel walks the gradient by the input's (eager PyTorch's corrupts memory "
+                    "with more); pass the gradient of the forward op's output")
+        return ""
     elif name.split(".")[0] in _PLANE_BACKWARD and len(args) >= 2:
         k, pairing = _PLANE_BACKWARD[name.split(".")[0]]
+        if name.startswith(("adaptive", "_adaptive")) and 0 in args[1].shape[-k:]:  # found by fuzzing: SIGSEGV
+            return (f"mncore: {name.split('.')[0]}: the input {list(args[1].shape)} has size 0 in a pooled dimension, "
+                    "which the forward op refuses, and the kernel would write past the empty gradient (eager "
+                    "PyTorch's does); pass the forward op's input")
         given, planes = _planes(args[0], k), _planes(args[1], k)
         if given > planes if pairing is _PLANES_BY_GRAD else given < planes:
             return (f"mncore: {name.split('.')[0]}: grad_output has {given} planes but the input {planes}, and "
