@@ -628,7 +628,8 @@ _PDIST_BACKWARD = {
 
 def test_a_crash_of_eagers_reference_gradient_is_a_skip_not_a_finding(tmp_path: Path) -> None:
     """The gradient oracle computes eager's reference in its own phase: the worker dying there is eager's
-    crash (a skip), as in the forward's eager phase; the case's forward oracles had passed."""
+    crash (a skip), as in the forward's eager phase; the case's forward oracles had passed. mncore's gradient
+    then runs alone in a fresh worker (oracle ``grad_alone``) and lives: the empty gradient."""
     from harness.fuzz.worker import Worker
 
     assert Case.from_json(_PDIST_NO_ROWS).build_inputs()[0][0].shape == (0, 16)
@@ -639,6 +640,7 @@ def test_a_crash_of_eagers_reference_gradient_is_a_skip_not_a_finding(tmp_path: 
         worker.close()
     assert res["status"] == "skip" and res["message"].startswith("eager reference crash"), res
     assert "phase eager_grad" in res["message"], res
+    assert res["message"].endswith("(on the same inputs mncore returned a result)"), res  # its gradient, alone
 
 
 # Found fuzzing (seed 20261231): weight norm of a v with no slices along dim; the CPU kernel divides by their
@@ -660,7 +662,7 @@ _WEIGHT_NORM_NO_SLICES = {
 def test_after_eagers_kernel_dies_mncore_runs_alone_and_must_not(tmp_path: Path, plugin: str, finding: bool) -> None:
     """A case eager's kernel dies on has no reference, yet mncore must not die on it too: a fresh worker runs it
     on mncore alone. mncore refusing it is a skip that says so; mncore dying too (its refusal taken away) is a
-    crash finding of the ``lazy_alone`` oracle. Both plugins take the fuzzer's own skip of the case away."""
+    crash finding of the ``lazy_alone`` oracle (``grad_alone`` for a gradient). Both plugins take the fuzzer's own skip of the case away."""
     from harness.fuzz.worker import Worker
 
     worker = Worker("pfvm:cpu", plugin, tmp_path / "worker.log", case_timeout=60)
@@ -829,6 +831,10 @@ def test_cases_eagers_kernel_cannot_run_safely_are_skipped_before_it_runs(tmp_pa
     assert "batch differs" in unsafe_for_eager(avg2d, [torch.ones(3, 8, 2, 2), torch.ones(2, 8, 4, 4), *pool_args])
     assert unsafe_for_eager(avg2d, [torch.ones(2, 8, 2, 2), torch.ones(2, 8, 4, 4), *pool_args]) == ""
     assert unsafe_for_eager(avg2d, [torch.ones(8, 2, 2), torch.ones(8, 4, 4), *pool_args]) == ""  # unbatched
+    max3d, cube = torch.ops.aten.max_pool3d_with_indices_backward.default, torch.ones(2, 3, 2, 2, 2)
+    pool3d = [cube, torch.ones(2, 3, 4, 4, 4), [2] * 3, [2] * 3, [0] * 3, [1] * 3, False]
+    assert "indices holds fewer values" in unsafe_for_eager(max3d, pool3d + [torch.zeros(1, 3, 2, 2, 2, **i64)])
+    assert unsafe_for_eager(max3d, pool3d + [torch.zeros(2, 3, 2, 2, 2, **i64)]) == ""
     # torchvision's RoI kernels read (backward: write) the image column 0 of each box names (found: NaN gradients)
     pytest.importorskip("torchvision")  # registers torch.ops.torchvision
     roi, roi_backward = torch.ops.torchvision.roi_align.default, torch.ops.torchvision._roi_align_backward.default
@@ -840,6 +846,8 @@ def test_cases_eagers_kernel_cannot_run_safely_are_skipped_before_it_runs(tmp_pa
     assert unsafe_for_eager(roi_backward, [torch.ones(1, 1, 2, 2), boxes, 1.0, 2, 2, 2, 1, 4, 4, 2, False]) == ""
     assert "shaped unlike the forward output [1, 1, 2, 2]" in unsafe_for_eager(
         roi_backward, [torch.ones(1, 1, 2, 1), boxes, 1.0, 2, 2, 2, 1, 4, 4, 2, False])
+    assert "fewer than the 5 columns" in unsafe_for_eager(  # read at 5 a box (found: SIGSEGV for no columns)
+        roi_backward, [torch.ones(1, 1, 2, 2), boxes[:, :0], 1.0, 2, 2, 2, 1, 4, 4, 2, False])
     wide = torch.cat([boxes, boxes[:, :1]], 1)  # six columns: the backward kernel does not check (found: no error)
     assert "shaped unlike the forward output [1, 4, 2, 2]" in unsafe_for_eager(
         roi_backward, [torch.ones(1, 1, 2, 2), wide, 1.0, 2, 2, 2, 4, 4, 4, 2, False])

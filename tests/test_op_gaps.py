@@ -968,3 +968,29 @@ def test_kernels_that_divide_by_an_empty_size_are_refused_not_a_crash():
         pool(xe).pow(2).sum().backward()
         pool(xd).pow(2).sum().backward()
         torch.testing.assert_close(xd.grad.cpu(), xe.grad)
+
+
+def test_pooling_and_roi_backward_reading_past_a_short_argument_is_refused_not_a_crash():
+    """Found by the fuzzer's ``lazy_alone`` oracle (mncore died on cases eager's kernel died on):
+    ``max_pool3d_with_indices_backward`` reads one index per gradient value without checking ``indices``' size
+    (the 2-D op checks it), and torchvision's RoI backward kernels read 5 values per box from ``rois`` of any
+    width (SIGSEGV for boxes of no columns). mncore refuses both, naming the sizes; indices of the gradient's
+    shape and boxes of 5 columns give eager's gradients, in float64."""
+    aten = torch.ops.aten
+    grad, x = torch.randn(2, 3, 2, 2, 2, dtype=torch.float64), torch.randn(2, 3, 4, 4, 4, dtype=torch.float64)
+    pool = [[2] * 3, [2] * 3, [0] * 3, [1] * 3, False]
+    with pytest.raises(RuntimeError, match="indices holds 24 values, but the kernel reads 48"):
+        aten.max_pool3d_with_indices_backward(grad.mncore(), x.mncore(), *pool,
+                                              torch.zeros(1, 3, 2, 2, 2, dtype=torch.long).mncore())
+    _, indices = F.max_pool3d(x, 2, return_indices=True)
+    _same(aten.max_pool3d_with_indices_backward(grad.mncore(), x.mncore(), *pool, indices.mncore()),
+          aten.max_pool3d_with_indices_backward(grad, x, *pool, indices))
+    pytest.importorskip("torchvision")  # registers torch.ops.torchvision
+    backward = torch.ops.torchvision._roi_align_backward
+    rois = torch.tensor([[0, 0.0, 0.0, 5.0, 5.0]], dtype=torch.float64)
+    g = torch.randn(1, 4, 2, 2, dtype=torch.float64)
+    for narrow in (rois[:, :0], rois[:, :4]):
+        with pytest.raises(RuntimeError, match=rf"rois has shape \[1, {narrow.shape[1]}\], but the kernel reads 5 values"):
+            backward(g.mncore(), narrow.mncore(), 1.0, 2, 2, 1, 4, 8, 8, 2, False)
+    _same(backward(g.mncore(), rois.mncore(), 1.0, 2, 2, 1, 4, 8, 8, 2, False),
+          backward(g, rois, 1.0, 2, 2, 1, 4, 8, 8, 2, False))

@@ -176,6 +176,8 @@ _STEPS = {
     "lazy_vs_eager": """    oracles.lazy_call(op, args, kwargs)
 """,
 }
+_STEPS["grad_alone"] = _STEPS["grad_vs_eager"]  # mncore alone where eager died: the same steps
+_STEPS["lazy_alone"] = _STEPS["lazy_vs_eager"]
 
 _FOOTER = '''
 

@@ -488,6 +488,8 @@ def _roi_unfit(op: Any, name: str, args: list) -> str:
     images = rois[:, 0].to(torch.int64) if rois.shape[1] == 5 else None  # other widths: boxes read at 5 a row
     if images is not None and rois.numel() and (images.min() < 0 or images.max() >= batch):
         return f"{name}: a box names an image outside the batch of {batch}"
+    if "grad" in a and a["grad"].numel() and rois.shape[0] and rois.shape[1] < 5:
+        return f"{name}: rois has fewer than the 5 columns the kernel reads per box"
     if "grad" in a and a["grad"].numel() and {"channels", "pooled_height", "pooled_width"} <= a.keys():
         pooled = [a["pooled_height"], a["pooled_width"]]
         channels = a["channels"] // math.prod(pooled) if name.startswith("_ps_") and math.prod(pooled) else a["channels"]
@@ -558,6 +560,8 @@ def unsafe_for_eager(op: Any, args: list) -> str:
     k = _POOL_BATCH.get(name)
     if k and len(args) >= 2 and args[0].dim() == args[1].dim() == k + 2 and args[0].shape[0] != args[1].shape[0]:
         return f"{name}: grad_output's batch differs from the input's (the kernel walks it by the input's)"
+    if name == "max_pool3d_with_indices_backward" and len(args) >= 8 and args[7].numel() < args[0].numel():
+        return f"{name}: indices holds fewer values than grad_output (read as one per gradient value)"
     if name == "fractional_max_pool3d_backward" and len(args) >= 5:
         planes = args[1].shape[:-3].numel() * torch.Size(args[3]).numel()  # the input's planes of output_size
         if min(args[0].numel(), args[4].numel()) < planes:
@@ -717,19 +721,24 @@ def _error(e: BaseException) -> str:
     return "".join(lines).strip()[-2000:]
 
 
-def run_alone(case: Case, context: Any, codegen_dir: str, phase: Callable[[str], None] = lambda name: None) -> dict:
-    """``case`` on mncore only, after eager's kernel killed its worker: no reference to judge by, so raising
-    or returning are both skips; what matters is that the worker lives (a crash here is the caller's finding)."""
+def run_alone(case: Case, gradient: bool, phase: Callable[[str], None] = lambda name: None) -> dict:
+    """``case`` on mncore only (its ``gradient``: the gradients ``grad_vs_eager`` takes), after eager's kernel
+    killed its worker there: no reference to judge by, so raising or returning are both skips; what matters
+    is that the worker lives (a crash here is the caller's finding)."""
     op = resolve_op(case.op)
     args, kwargs = case.build_inputs()
-    phase("lazy_alone")
+    oracle = "grad_alone" if gradient else "lazy_alone"
+    phase(oracle)
     t0 = time.perf_counter()
     try:
-        lazy_call(op, args, kwargs)
+        if gradient:
+            grads(op, args, kwargs, "mncore", case.value_seed)
+        else:
+            lazy_call(op, args, kwargs)
         outcome = "mncore returned a result"
     except Exception as e:  # noqa: BLE001 - a clear error is what mncore should give here
         outcome = f"mncore raised {_error(e)}"
-    return {"status": "skip", "category": "valid", "checks": {"lazy_alone": "pass"},
+    return {"status": "skip", "category": "valid", "checks": {oracle: "pass"},
             "timings": {"lazy": time.perf_counter() - t0}, "message": outcome}
 
 

@@ -33,7 +33,7 @@ _PRELOAD = ["torch", "mncore", "mncore.context", "harness.fuzz.oracles", "harnes
 # and the Context API), so that a case's timeout measures the case.
 _WARMUP = {"op": "aten.add.Tensor", "kwargs": {}, "args": [
     {"t": "tensor", "shape": [2], "dtype": "float32", "stride": [1], "contiguous": True}] * 2}
-ALONE = "mncore_alone"  # a case message key: run the case on mncore only (eager's kernel crashed on it)
+ALONE = "mncore_alone"  # a case message key: run it on mncore only, as eager's phase named there died on it
 READY_TIMEOUT_S = 120.0  # the first start imports torch in the fork server
 HANG_FACTOR = 20.0  # a case may take this many times eager's time on top of the base timeout ...
 MAX_EXTENSION = 5.0  # ... but at most this many base timeouts
@@ -112,7 +112,10 @@ def _worker_main(conn: Any, backend: str, plugin: str | None, cwd: str, log_path
         def phase(name: str) -> None:
             conn.send(("phase", name, time.perf_counter() - t0))
 
-        result = (run_alone if msg.get(ALONE) else run_case)(Case.from_json(msg), context, codegen_dir, phase)
+        if msg.get(ALONE):
+            result = run_alone(Case.from_json(msg), msg[ALONE] == "eager_grad", phase)
+        else:
+            result = run_case(Case.from_json(msg), context, codegen_dir, phase)
         conn.send(("done", result))
 
 
@@ -253,10 +256,12 @@ class Worker:
 
         When eager's kernel takes the worker down, there is no reference, but mncore must still not die
         on the same inputs (found so: several kernels eager and pfvm share crash the process): a fresh
-        worker runs the case on mncore alone, where a crash or hang is a finding (oracle ``lazy_alone``)."""
+        worker runs the case on mncore alone, where a crash or hang is a finding (oracle ``lazy_alone``, or
+        ``grad_alone`` where eager died computing the gradients)."""
         result = self._run_once(case_json)
-        if result.pop("eager_died", False):
-            alone = self._run_once(dict(case_json, **{ALONE: True}))
+        died = result.pop("eager_died", None)
+        if died:
+            alone = self._run_once(dict(case_json, **{ALONE: died}))
             if alone["status"] == "fail":
                 return alone
             result["message"] += f"\n(on the same inputs {alone['message']})"
@@ -302,6 +307,7 @@ def _abnormal(kind: str, phase: str, message: str, seconds: float) -> dict:
     gradients) it is not mncore's."""
     if phase in ("start", "eager", "eager_grad"):
         return {"status": "skip", "category": "valid", "checks": {}, "timings": {"case": seconds},
-                "message": f"eager reference {kind}: {message}", "eager_died": phase == "eager"}
+                "message": f"eager reference {kind}: {message}",
+                "eager_died": phase if phase != "start" else None}
     return {"status": "fail", "category": "valid", "kind": kind, "oracle": phase, "checks": {phase: "fail"},
             "timings": {"case": seconds}, "message": message}

@@ -165,6 +165,9 @@ def _roi_gradient(op: Any, name: str, args: list, kwargs: dict) -> str:
     if not a["grad"].numel():
         return ""  # the kernels return the zero gradient at once
     rois, pooled = a["rois"], [a["pooled_height"], a["pooled_width"]]
+    if rois.dim() == 2 and rois.shape[0] and rois.shape[1] < 5:  # read at 5 a row (found: SIGSEGV)
+        return (f"mncore: {name.split('.')[0]}: rois has shape {list(rois.shape)}, but the kernel reads 5 values per "
+                "box (image index, x1, y1, x2, y2); pass the boxes the forward op took")
     channels = a["channels"] // math.prod(pooled) if name.startswith("_ps_") and math.prod(pooled) else a["channels"]
     shape = [rois.shape[0], channels, *pooled]
     for arg in ("grad", "argmax", "channel_mapping"):
@@ -230,7 +233,8 @@ def _attention(name: str, args: list, kwargs: dict) -> str:
     backward writes gradients shaped like them; a smaller one is read, and in backward written, past its end
     (found by fuzzing: a value with one batch of two corrupted the heap). Its backward also reads
     ``grad_out``, ``out`` and ``logsumexp`` by the query's sizes, one row of head-size values per query
-    position: each must have the shape the forward op gives."""
+    position: each must have the shape the forward op gives. The forward divides its work by the query's and
+    key's lengths: neither may be 0."""
     if name not in _ATTENTION:
         return ""
     backward = name.startswith("_scaled_dot_product_flash_attention_for_cpu_backward")
@@ -307,8 +311,10 @@ _POOL_BATCH = {"avg_pool2d_backward": 2, "avg_pool3d_backward": 3, "max_pool3d_w
 
 
 def _short_argument(name: str, args: list) -> str:
-    """An argument holding fewer values than the kernel reads from it (more are read as eager reads them), or
-    a saved g of weight norm's backward with more values than the gradient the kernel writes."""
+    """An argument holding fewer values than the kernel reads from it (more are read as eager reads them), a
+    saved g of weight norm's backward with more values than the gradient the kernel writes, a size the kernel
+    divides by that is 0 (weight norm's slices), or a pooling gradient walked by sizes it does not have (another
+    batch; an input empty in an adaptive pooling's pooled dimension)."""
     fix = "pass the tensors the forward op returned"
     at = _WEIGHT_NORM_V_DIM.get(name)
     if at and len(args) > at[1]:
@@ -355,7 +361,10 @@ def _short_argument(name: str, args: list) -> str:
             return (f"mncore: {name.split('.')[0]}: grad_output has a batch of {grad.shape[0]} but the input "
                     f"{x.shape[0]}, and the kernel walks the gradient by the input's (eager PyTorch's corrupts memory "
                     "with more); pass the gradient of the forward op's output")
-        return ""
+        if not name.startswith("max_pool3d") or len(args) < 8:
+            return ""
+        reads = [("indices", args[7].numel(), grad.numel())]  # one per gradient value, unchecked (found: SIGSEGV)
+        fix = "pass the indices the pooling op returned"
     elif name.split(".")[0] in _PLANE_BACKWARD and len(args) >= 2:
         k, pairing = _PLANE_BACKWARD[name.split(".")[0]]
         if name.startswith(("adaptive", "_adaptive")) and 0 in args[1].shape[-k:]:  # found by fuzzing: SIGSEGV
