@@ -179,7 +179,7 @@ def test_crash_and_hang_are_recorded_not_propagated(tmp_path: Path) -> None:
 
 def test_repro_templates_pass_on_a_correct_backend(tmp_path: Path) -> None:
     """The Context, gradient, crash/hang and output repro forms run eager and mncore and pass when mncore is
-    right, for ops of torchvision's namespace too."""
+    right, for ops of torchvision's namespace too; a ``lazy_alone`` crash's script passes when mncore refuses."""
     from harness.fuzz.findings import Findings
 
     case = _row("aten.mul.Tensor").with_mutation({"kind": "layout", "arg": "a0", "layout": "strided", "by": "fuzz"})
@@ -194,6 +194,11 @@ def test_repro_templates_pass_on_a_correct_backend(tmp_path: Path) -> None:
     forms["torchvision"] = "mncore agrees with eager"
     scripts["torchvision"] = findings.write(f"{roi.op}:mismatch:lazy_vs_eager", roi, roi,
                                             {"kind": "mismatch", "oracle": "lazy_vs_eager"}, {}, meta)
+    # mncore alone where eager's kernel dies: refusing the call (a Python exception) completes the step
+    alone = Case.from_json(_WEIGHT_NORM_NO_SLICES)
+    forms["alone"] = "mncore completed the step"
+    scripts["alone"] = findings.write(f"{alone.op}:crash:lazy_alone", alone, alone,
+                                      {"kind": "crash", "oracle": "lazy_alone"}, {}, meta)
     # One interpreter runs the scripts in turn (each import of torch + mncore costs seconds).
     runner = "import runpy, sys\nfor p in sys.argv[1:]:\n    runpy.run_path(p, run_name='__main__')\n"
     proc = subprocess.run([sys.executable, "-c", runner, *map(str, scripts.values())], cwd=tmp_path, env=ENV,
@@ -846,6 +851,8 @@ def test_cases_eagers_kernel_cannot_run_safely_are_skipped_before_it_runs(tmp_pa
     assert unsafe_for_eager(roi_backward, [torch.ones(1, 1, 2, 2), boxes, 1.0, 2, 2, 2, 1, 4, 4, 2, False]) == ""
     assert "shaped unlike the forward output [1, 1, 2, 2]" in unsafe_for_eager(
         roi_backward, [torch.ones(1, 1, 2, 1), boxes, 1.0, 2, 2, 2, 1, 4, 4, 2, False])
+    assert "no rows or columns" in unsafe_for_eager(roi, [torch.zeros(2, 1, 0, 4), boxes, 1.0, 2, 2, 2, False])
+    assert unsafe_for_eager(roi, [torch.zeros(2, 1, 0, 4), boxes[:0], 1.0, 2, 2, 2, False]) == ""  # no box: not read
     assert "fewer than the 5 columns" in unsafe_for_eager(  # read at 5 a box (found: SIGSEGV for no columns)
         roi_backward, [torch.ones(1, 1, 2, 2), boxes[:, :0], 1.0, 2, 2, 2, 1, 4, 4, 2, False])
     wide = torch.cat([boxes, boxes[:, :1]], 1)  # six columns: the backward kernel does not check (found: no error)

@@ -973,9 +973,11 @@ def test_kernels_that_divide_by_an_empty_size_are_refused_not_a_crash():
 def test_pooling_and_roi_backward_reading_past_a_short_argument_is_refused_not_a_crash():
     """Found by the fuzzer's ``lazy_alone`` oracle (mncore died on cases eager's kernel died on):
     ``max_pool3d_with_indices_backward`` reads one index per gradient value without checking ``indices``' size
-    (the 2-D op checks it), and torchvision's RoI backward kernels read 5 values per box from ``rois`` of any
-    width (SIGSEGV for boxes of no columns). mncore refuses both, naming the sizes; indices of the gradient's
-    shape and boxes of 5 columns give eager's gradients, in float64."""
+    (the 2-D op checks it), torchvision's RoI backward kernels read 5 values per box from ``rois`` of any
+    width (SIGSEGV for boxes of no columns), and RoI align (plain and position-sensitive) samples an image of
+    no rows or columns before its start. mncore refuses these, naming the sizes; indices of the gradient's
+    shape and boxes of 5 columns give eager's gradients, in float64, and empty images without boxes eager's
+    empty result."""
     aten = torch.ops.aten
     grad, x = torch.randn(2, 3, 2, 2, 2, dtype=torch.float64), torch.randn(2, 3, 4, 4, 4, dtype=torch.float64)
     pool = [[2] * 3, [2] * 3, [0] * 3, [1] * 3, False]
@@ -994,3 +996,12 @@ def test_pooling_and_roi_backward_reading_past_a_short_argument_is_refused_not_a
             backward(g.mncore(), narrow.mncore(), 1.0, 2, 2, 1, 4, 8, 8, 2, False)
     _same(backward(g.mncore(), rois.mncore(), 1.0, 2, 2, 1, 4, 8, 8, 2, False),
           backward(g, rois, 1.0, 2, 2, 1, 4, 8, 8, 2, False))
+    # RoI align samples each box from the image: an image of no rows or columns was read before its start
+    # (found by the lazy_alone oracle: SIGSEGV); with no boxes, or no channels, nothing is read
+    align, ps_align = torch.ops.torchvision.roi_align, torch.ops.torchvision.ps_roi_align
+    for op, run in ((align, lambda x, r: align(x, r, 1.0, 2, 2, 2, False)), (ps_align, lambda x, r: ps_align(x, r, 1.0, 2, 2, 2))):
+        for empty in (torch.ones(1, 4, 0, 2, dtype=torch.float64), torch.ones(1, 4, 3, 0, dtype=torch.float64)):
+            with pytest.raises(RuntimeError, match="has images with no rows or columns"):
+                run(empty.mncore(), rois.mncore())
+            _same(run(empty.mncore(), rois[:0].mncore())[0] if op is ps_align else run(empty.mncore(), rois[:0].mncore()),
+                  run(empty, rois[:0])[0] if op is ps_align else run(empty, rois[:0]))

@@ -176,8 +176,12 @@ _STEPS = {
     "lazy_vs_eager": """    oracles.lazy_call(op, args, kwargs)
 """,
 }
-_STEPS["grad_alone"] = _STEPS["grad_vs_eager"]  # mncore alone where eager died: the same steps
-_STEPS["lazy_alone"] = _STEPS["lazy_vs_eager"]
+_SURVIVED = """    except Exception as e:  # a clear error is fine: eager's kernel crashes on these inputs
+        print(f"mncore raised {type(e).__name__}: {e}")
+"""
+# mncore alone where eager's kernel died (lazy_alone, grad_alone): the same step; an exception survives it
+_STEPS["lazy_alone"] = "    try:\n        oracles.lazy_call(op, args, kwargs)\n" + _SURVIVED
+_STEPS["grad_alone"] = '    try:\n        oracles.grads(op, args, kwargs, "mncore", WEIGHT_SEED)\n' + _SURVIVED
 
 _FOOTER = '''
 

@@ -488,6 +488,8 @@ def _roi_unfit(op: Any, name: str, args: list) -> str:
     images = rois[:, 0].to(torch.int64) if rois.shape[1] == 5 else None  # other widths: boxes read at 5 a row
     if images is not None and rois.numel() and (images.min() < 0 or images.max() >= batch):
         return f"{name}: a box names an image outside the batch of {batch}"
+    if name in ("roi_align", "ps_roi_align") and rois.shape[0] and a["input"].dim() == 4 and 0 in a["input"].shape[2:]:
+        return f"{name}: an image with no rows or columns (the kernel samples before its start)"
     if "grad" in a and a["grad"].numel() and rois.shape[0] and rois.shape[1] < 5:
         return f"{name}: rois has fewer than the 5 columns the kernel reads per box"
     if "grad" in a and a["grad"].numel() and {"channels", "pooled_height", "pooled_width"} <= a.keys():

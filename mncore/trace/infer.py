@@ -148,11 +148,27 @@ def _unsafe_sizes(target: Any, args: list, kwargs: dict) -> str:
     op = target.op if isinstance(target, MutateFn) else target
     name = getattr(op, "__name__", "")
     return (_unmatched_list(op, name, args, kwargs) or _short_argument(name, args) or _channels(op, name, args, kwargs)
-            or _attention(name, args, kwargs) or _rnn_layer(name, args) or _roi_gradient(op, name, args, kwargs))
+            or _attention(name, args, kwargs) or _rnn_layer(name, args) or _roi_gradient(op, name, args, kwargs)
+            or _roi_empty_image(op, name, args, kwargs))
 
 
 _ROI_BACKWARD = {"_roi_align_backward.default", "_roi_pool_backward.default", "_ps_roi_align_backward.default",
                  "_ps_roi_pool_backward.default"}
+
+
+def _roi_empty_image(op: Any, name: str, args: list, kwargs: dict) -> str:
+    """torchvision's RoI align kernels (plain and position-sensitive) sample each box's bins from the image by
+    bilinear interpolation, clamping to its last row and column: an image with no rows or columns is read before
+    its start (found by fuzzing: SIGSEGV, eager's too). Pooling kernels skip empty bins."""
+    if name not in ("roi_align.default", "ps_roi_align.default"):
+        return ""
+    a = named_args(op, args, kwargs)
+    x, rois = a["input"], a["rois"]
+    if x.dim() == 4 and 0 in x.shape[2:] and rois.dim() == 2 and rois.shape[0]:
+        return (f"mncore: {name.split('.')[0]}: the input {list(x.shape)} has images with no rows or columns, and "
+                "the kernel samples each box from the image (it would read before its start); leave the op out "
+                "for empty images")
+    return ""
 
 
 def _roi_gradient(op: Any, name: str, args: list, kwargs: dict) -> str:
