@@ -441,6 +441,8 @@ _PLANE_PAIRS = {**dict.fromkeys(("adaptive_max_pool2d_backward", "_adaptive_avg_
                 **{f"{kind}_pad{k}d_backward": (k, False) for kind in ("reflection", "replication") for k in (1, 2, 3)}}
 
 
+# Weight norm's kernels: (position of v, position of dim).
+_WEIGHT_NORM_V_DIM = {"_weight_norm_interface": (0, 2), "_weight_norm_interface_backward": (1, 4)}
 # Pooling backward kernels that check every size of grad_output but its batch: (pooled dimensions).
 _POOL_BATCH = {"avg_pool2d_backward": 2, "avg_pool3d_backward": 3, "max_pool3d_with_indices_backward": 3}
 
@@ -578,7 +580,7 @@ def unsafe_for_eager(op: Any, args: list) -> str:
             args[1].is_contiguous() and args[2].is_contiguous()):
         return (f"{name}: eager reads strided indices or offsets as if they were contiguous: other elements, up to "
                 "past their end")
-    at = {"_weight_norm_interface": (0, 2), "_weight_norm_interface_backward": (1, 4)}.get(name)
+    at = _WEIGHT_NORM_V_DIM.get(name)
     if at and len(args) > at[1] and -args[at[0]].dim() <= args[at[1]] < args[at[0]].dim() \
             and not args[at[0]].shape[args[at[1]]]:
         return f"{name}: v has no slices along dim (the kernel divides by their number)"
