@@ -490,7 +490,8 @@ REFUSALS = {
     "print_early": (["print()", "host"], "refusal:print_early"),
     "cpu_of_loss": ([".cpu()", "host"], "refusal:cpu_of_loss"),
     "cpu_early": ([".cpu()", "host"], "refusal:cpu_early"),
-    "nonzero": (["nonzero", "eagerly"], "refusal:nonzero"),
+    "nonzero": (["nonzero", "eagerly", "its output shape depends on values"], "refusal:nonzero"),
+    "no_shape_function": (["multi_margin_loss_backward", "eagerly", "no shape function"], None),  # not "depends on values"
     "steplr_float_lr": (["hyperparameter"], None),
     "adam_not_capturable": (["Python number", "capturable=True"], "refusal:opt_step"),
     "host_tensor_mutated": (["modified inside the function"], "refusal:host_tensor_mutated"),
@@ -533,7 +534,7 @@ def _refusal_run(case: str, mode: str, base: torch.nn.Module, batches: list[dict
                 logits = logits * 0.9  # refusal:changing_graph
         elif case == "host_upload_changes":
             logits = logits + torch.full((10,), 0.1 * calls[0]).to(x.device)  # refusal:host_upload_changes
-        loss = F.cross_entropy(logits, y)
+        loss = F.multi_margin_loss(logits, y) if case == "no_shape_function" else F.cross_entropy(logits, y)
         if case == "item_of_loss":
             log.append(loss.item())  # refusal:item_of_loss
         elif case == "print_of_loss":

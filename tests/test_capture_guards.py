@@ -332,6 +332,63 @@ def test_in_place_op_on_an_argument_writes_the_argument_passed_now():
     assert torch.equal(x.cpu(), x2.cpu())
 
 
+@pytest.mark.parametrize("change", ["transpose_", "resize_", "out_of_another_shape"])
+def test_changing_an_arguments_shape_in_place_is_refused_and_each_call_is_right(change: str):
+    """Found by the fuzzer's capture oracle: a replay wrote the values of ``x.transpose_(0, 1)`` or of an
+    ``out=`` tensor eager resizes, but left the tensor passed in its old shape (each call passes a new
+    one). Capture now refuses such a step, naming the argument, and every call is traced as lazy mode."""
+    def f(x, out):
+        if change == "transpose_":
+            x.transpose_(0, 1)
+        elif change == "resize_":
+            x.resize_(3, 2)
+        else:
+            torch.mul(x, 2, out=out)
+        return x * 1, out
+
+    cf = mncore.capture(f)
+    changed = 1 if change == "out_of_another_shape" else 0
+    for k in range(4):
+        host_x, host_out = torch.arange(6.0).reshape(2, 3) + k, torch.empty(0)
+        x, out = host_x.to("mncore"), host_out.to("mncore")
+        with _Warns() as w:
+            got, replayed = _call(cf, x, out)
+        mncore.sync()
+        want = f(host_x, host_out)  # eager, on the host copies: they change as the arguments must
+        assert not replayed
+        assert len(w.capture) == (k == 0) and all(f"it changes argument {changed} in place" in m for m in w.capture)
+        for g, e in zip((*got, x, out), (*want, host_x, host_out)):
+            assert g.shape == e.shape and torch.equal(g.cpu(), e), (k, g, e)
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adagrad", "Adam", "AdamW"])
+def test_fused_optimizer_steps_replay_like_lazy_mode(name: str):
+    """``SGD(fused=True)`` and ``Adagrad(fused=True)`` ran eagerly (PyTorch has no shape function for them),
+    so capture refused every such step; with a tensor ``lr`` so did Adam and AdamW. Each is a graph node now:
+    the step replays, bit-identical to lazy mode."""
+    base, x, y = _linear_problem()
+
+    def run(captured: bool) -> tuple[list, list]:
+        model = copy.deepcopy(base).to("mncore")
+        opt = getattr(torch.optim, name)(model.parameters(), lr=torch.tensor(0.05), fused=True)
+        step = _sgd_step(model, opt)
+        fn = mncore.capture(step) if captured else step
+        losses, replays = [], []
+        for k in range(5):
+            with _Warns() as w:
+                loss, replayed = _call(fn, x.mncore() * (1 + k), y.mncore())
+            mncore.sync()
+            assert w.capture == []
+            losses.append(_cpu(loss))
+            replays.append(replayed)
+        return losses + [_cpu(p) for p in model.parameters()], replays
+
+    (cap, replays), (lazy, _) = run(True), run(False)
+    # two recordings, or three where the first step differs (SGD's is_first_step flag)
+    assert replays[:2] == [False, False] and replays[3:] == [True, True], replays
+    _equal_lists(cap, lazy)
+
+
 # ---------------------------------------------------------------------------------------------- 5. host preprocess
 
 

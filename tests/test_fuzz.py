@@ -108,7 +108,7 @@ def test_clean_campaign_finds_nothing_and_replays_from_seed(tmp_path: Path) -> N
     assert a["failures"] == {} and a["flaky"] == {} and a["cases_run"] == 12
     assert a["outcomes"].get("pass", 0) + a["outcomes"].get("skip", 0) == 12
     assert a["checks"]["lazy_vs_eager"].get("pass", 0) > 0 and a["checks"]["context_vs_lazy"].get("pass", 0) > 0
-    assert a["checks"]["grad_vs_eager"].get("pass", 0) > 0
+    assert a["checks"]["grad_vs_eager"].get("pass", 0) > 0 and a["checks"]["captured_vs_lazy"].get("pass", 0) > 0
     assert set(a["ops_covered"]) <= set(ops.split(",")) and a["n_ops_covered"] >= 2
 
     ra, rb = _results(tmp_path / "a"), _results(tmp_path / "b")
@@ -186,6 +186,8 @@ def test_repro_templates_pass_on_a_correct_backend(tmp_path: Path) -> None:
     meta = {"command": "harness fuzz (test)", "backend": "pfvm:cpu", "plugin": None, "case_timeout": 30.0}
     findings = Findings(tmp_path)
     forms = {("mismatch", "context_vs_lazy"): "Context API agrees with lazy mode",
+             ("mismatch", "captured_vs_lazy"): "the captured step agrees with lazy mode",
+             ("crash", "captured_vs_lazy"): "mncore completed the step",
              ("mismatch", "grad_vs_eager"): "mncore gradients agree with eager",
              ("crash", "lazy_vs_eager"): "mncore completed the step"}
     scripts = {form: findings.write(f"{case.op}:{form[0]}:{form[1]}", case, case, {"kind": form[0], "oracle": form[1]},
@@ -460,6 +462,56 @@ def test_context_oracle_passes_out_tensors_given_as_keywords(tmp_path: Path) -> 
     case = _row("aten.maximum.out")
     res = run_case(case, context=_context(), codegen_dir=str(tmp_path))
     assert (res["status"], res["checks"]["context_vs_lazy"]) == ("pass", "pass"), res
+
+
+def _filled_row(op: str) -> Case:
+    """The smallest registry row of ``op`` whose every tensor has 4 elements or more (values a replay of
+    stale inputs would get wrong; the smallest rows are often empty)."""
+    rows = [e for e in Registry.load(DEFAULT_PATH).query(op)
+            if e.op == op and min(torch.Size(t["shape"]).numel() for t in e.tensors()) >= 4]
+    return Case.from_entry(min(rows, key=lambda e: sum(torch.Size(t["shape"]).numel() for t in e.tensors())))
+
+
+@pytest.mark.parametrize("op", ["aten.mul.Tensor", "aten.add_.Tensor", "aten.maximum.out", "aten.sort.default",
+                                "aten.native_batch_norm.default", "aten._fused_sgd_.default"])
+def test_capture_oracle_replays_the_op_on_the_cases_own_inputs(tmp_path: Path, op: str) -> None:
+    """Outputs, arguments written in place (``add_``, an ``out=`` tensor, batch norm's running statistics, a fused
+    optimizer step's lists) and several outputs: recorded twice on scaled values, the replay on the case's inputs agrees with lazy mode
+    (a pass means it replayed: the oracle is n/a where capture keeps tracing)."""
+    res = run_case(_filled_row(op), context=_context(), codegen_dir=str(tmp_path))
+    assert (res["status"], res["checks"]["captured_vs_lazy"]) == ("pass", "pass"), res
+
+
+@pytest.mark.parametrize("op, why", [
+    ("aten.nonzero.default", "nonzero runs eagerly on the host (its output shape depends on values)"),
+    ("aten.multi_margin_loss_backward.default",
+     "multi_margin_loss_backward runs eagerly on the host (PyTorch has no shape function"),
+    ("aten.transpose_.default", "it changes argument 0 in place from shape [16, 4, 64], strides [256, 64, 1] to "
+                                "[4, 16, 64], [64, 256, 1] (resize_, transpose_"),
+])
+def test_capture_oracle_says_why_capture_keeps_tracing(tmp_path: Path, op: str, why: str) -> None:
+    """A step capture refuses is traced on every call, which is right, not a finding; the check says why.
+    (transpose_ was a finding first: a replay left the argument passed in its old shape.)"""
+    case = _row(op) if "margin" in op else _filled_row(op)  # the margin loss has no row of 4 elements a tensor
+    res = run_case(case, context=_context(), codegen_dir=str(tmp_path))
+    assert res["status"] == "pass", res
+    assert res["checks"]["captured_vs_lazy"].startswith(f"n/a: capture did not replay the step: {why}"), res
+
+
+def test_a_replay_of_stale_inputs_is_found_shrunk_and_reproduced(tmp_path: Path) -> None:
+    """A capture bug (tests/fuzz_plugins/stale_capture.py: a replay reads the last recording's arguments) is
+    a ``captured_vs_lazy`` mismatch; its repro script fails with the plugin and passes without it."""
+    proc, s = _fuzz(tmp_path, "--seconds", "600", "--cases", "4", "--seed", "5", "--ops", "aten.mul.Tensor",
+                    "--shrink-seconds", "5", "--plugin", "tests.fuzz_plugins.stale_capture")
+    sig = "aten.mul.Tensor:mismatch:captured_vs_lazy"
+    assert proc.returncode == 1 and sig in s["failures"], (s["failures"], proc.stderr[-3000:])
+    assert all(k.endswith(":captured_vs_lazy") for k in s["failures"]), s["failures"]
+    script = Path(s["failures"][sig]["repro"])
+    runs = {flag: subprocess.run([sys.executable, str(script), *flag], cwd=tmp_path, env=ENV, capture_output=True,
+                                 text=True, timeout=120) for flag in ((), ("--no-plugin",))}
+    assert runs[()].returncode != 0 and "the captured step disagrees with lazy mode" in runs[()].stderr, runs[()]
+    ok = runs[("--no-plugin",)]
+    assert ok.returncode == 0 and "the captured step agrees with lazy mode" in ok.stdout, ok.stderr[-2000:]
 
 
 # Found by fuzzing pfvm:cpu: eager's own _ctc_loss gradient changes with the targets' strides.

@@ -581,6 +581,53 @@ def test_fused_optimizer_step_follows_strides_where_cpus_kernel_does_not(name):
     torch.testing.assert_close(steps("mncore", fused=True), steps("cpu", foreach=False))
 
 
+_FUSED = {"Adam": {}, "AdamW": {}, "SGD": {"momentum": 0.9}, "Adagrad": {}}
+
+
+def _fused_training(device: str, name: str, lr: float | torch.Tensor, width: int = 5) -> list[torch.Tensor]:
+    """Four steps of a small MLP with ``torch.optim.<name>(fused=True)``; its parameters and optimizer state."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 3)).to(device)
+    opt = getattr(torch.optim, name)(model.parameters(), lr=lr, fused=True, **_FUSED[name])
+    for _ in range(4):
+        opt.zero_grad()
+        model(torch.randn(6, 4).to(device)).square().sum().backward()
+        opt.step()
+        if device == "mncore":
+            mncore.sync()
+    return [p.detach().cpu() for p in model.parameters()] + [v.cpu() for st in opt.state.values() for v in st.values()]
+
+
+@pytest.mark.parametrize("lr", ["float", "tensor"])
+@pytest.mark.parametrize("name", list(_FUSED))
+def test_fused_optimizer_steps_are_graph_nodes_and_match_eager(name, lr):
+    """``SGD(fused=True)``, ``Adagrad(fused=True)`` and a fused step with a tensor ``lr`` ran eagerly (PyTorch has
+    a shape rule for Adam and AdamW with a float ``lr`` only), cutting the graph at every optimizer step and
+    keeping step capture from replaying it; mncore's own rule makes each a graph node."""
+    rate = 0.1 if lr == "float" else torch.tensor(0.1)
+    mncore.metrics.reset()
+    got = _fused_training("mncore", name, rate)
+    assert mncore.metrics.fallback_ops() == {}
+    torch.testing.assert_close(got, _fused_training("cpu", name, rate))
+
+
+def test_an_in_place_op_run_eagerly_writes_copies_not_values_other_tensors_share(monkeypatch):
+    """Before the rule above, ``Adam(fused=True, lr=tensor)`` ran eagerly on the device buffers themselves, and
+    Adam's new ``exp_avg`` and ``exp_avg_sq``, both zeros, came out of one graph as one buffer: the step wrote
+    the second moment into the first, then NaN. A mutating op without a shape rule still runs eagerly, on
+    copies now; the rule is taken away here to send the fused step down that path (with a width no other test
+    uses: shape inference runs once per signature)."""
+    from mncore.trace import infer
+
+    monkeypatch.delitem(infer._OWN_SHAPE_RULES, "_fused_adam_.tensor_lr")
+    mncore.metrics.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mncore.ImplicitSyncWarning)  # the eager step reads its inputs
+        got = _fused_training("mncore", "Adam", torch.tensor(0.1), width=7)
+    assert mncore.metrics.fallback_ops() == {"_fused_adam_.tensor_lr": 4}
+    torch.testing.assert_close(got, _fused_training("cpu", "Adam", torch.tensor(0.1), width=7))
+
+
 def test_pdist_backward_with_fewer_gradient_values_than_pairs_is_refused_not_a_crash():
     """Found by fuzzing: CPU's ``_pdist_backward`` reads past a gradient or ``pdist`` holding fewer values than
     pairs of rows and the process dies (eager's too, so no eager reference here): mncore refuses the call,

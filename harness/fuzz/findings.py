@@ -68,7 +68,7 @@ from harness.opgen import resolve_op  # noqa: E402  (imports torchvision for its
 OP = {op!r}
 BACKEND = {backend!r}
 PLUGIN = {plugin!r}
-WEIGHT_SEED = {weight_seed!r}  # the gradient oracle's output weights
+WEIGHT_SEED = {weight_seed!r}  # the gradient oracle's output weights, the capture oracle's scale factors
 
 
 def setup() -> tuple:
@@ -127,6 +127,18 @@ def main() -> None:
     assert verdict, f"Context API disagrees with lazy mode: {verdict.message}"
     print("Context API agrees with lazy mode")
 ''',
+    "captured_vs_lazy": '''
+def main() -> None:
+    op, args, kwargs = setup()
+    got, got_args, got_kwargs = oracles.lazy_call(op, args, kwargs)  # lazy mode, traced
+    # mncore.capture: recorded twice on scaled values, replayed on these
+    cap, cap_args, cap_kwargs = oracles.captured_call(op, args, kwargs, WEIGHT_SEED)
+    verdict = oracles.judge(OP, cap, got, cap_args, cap_kwargs, got_args, got_kwargs)
+    if not verdict:
+        oracles.show(cap, got)
+    assert verdict, f"the captured step disagrees with lazy mode: {verdict.message}"
+    print("the captured step agrees with lazy mode")
+''',
     "grad_vs_eager": '''
 def main() -> None:
     op, args, kwargs = setup()
@@ -170,6 +182,8 @@ _STEPS = {
     Context.switch_context(context)
     with tempfile.TemporaryDirectory() as codegen_dir:
         oracles.context_call(op, args, kwargs, context, codegen_dir)
+""",
+    "captured_vs_lazy": """    oracles.captured_call(op, args, kwargs, WEIGHT_SEED)
 """,
     "grad_vs_eager": """    oracles.grads(op, args, kwargs, "mncore", WEIGHT_SEED)
 """,

@@ -5,6 +5,8 @@
   metadata only; sort-like ops: values, not tie order), as the generated op tests do.
 - ``context_vs_lazy``: a ``dict -> dict`` function wrapping the op, compiled with the Context API,
   vs lazy mode (run only once lazy mode agrees with eager, so it checks the Context path itself).
+- ``captured_vs_lazy``: the op as a step under ``mncore.capture``, recorded on scaled values and
+  replayed on the case's own, vs lazy mode (a replay that reads or returns stale values disagrees).
 - ``grad_vs_eager``: gradients of a fixed random weighting of the float outputs w.r.t. the float
   inputs, lazy vs eager (functional, differentiable ops only).
 - invalid inputs (eager raises): mncore must raise a Python exception too; any exception passes.
@@ -23,18 +25,19 @@ import contextlib
 import math
 import time
 import traceback
+import warnings
 from typing import Any, Callable, Iterator
 
 import torch
 
 import mncore
-from mncore.errors import NotCompilableError
+from mncore.errors import CaptureWarning, NotCompilableError
 from harness.compare import Verdict, compare, compare_with_fp64
 from harness.fuzz.board_format import board_reference, operand_format, round_to
 from harness.fuzz.cases import Case
 from harness.opgen import _extent, clone, index_outputs_unstable, is_random, resolve_op, to_device
 
-ORACLES = ("lazy_vs_eager", "context_vs_lazy", "grad_vs_eager")
+ORACLES = ("lazy_vs_eager", "context_vs_lazy", "captured_vs_lazy", "grad_vs_eager")
 _LOW_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -109,9 +112,10 @@ def lazy_call(op: Any, args: list, kwargs: dict) -> tuple[Any, list, dict]:
         return lazy_run(op, to_device(args, "mncore"), to_device(kwargs, "mncore"))
 
 
-def lazy_run(op: Any, args: list, kwargs: dict) -> tuple[Any, list, dict]:
+def lazy_run(op: Any, args: list, kwargs: dict, call: Callable | None = None) -> tuple[Any, list, dict]:
     """The op traced on arguments already on ``mncore``, run at ``sync()``; the outputs and the arguments
     the op writes read back to the CPU (the others are returned as they were: nothing judges them).
+    ``call`` runs in the op's place (a captured step that calls it on these arguments).
 
     ``wait_device_ops`` is part of the call so that an error of a graph nobody reads surfaces here,
     in this case, not in the next one.
@@ -119,7 +123,7 @@ def lazy_run(op: Any, args: list, kwargs: dict) -> tuple[Any, list, dict]:
     writes = written(op)
     at, names = {i for i, _ in writes}, {n for _, n in writes}
     with drained():
-        out = op(*args, **kwargs)
+        out = (call or op)(*args, **kwargs)
         mncore.sync()
         out = to_cpu(out)
         a = [to_cpu(x) if i in at else x for i, x in enumerate(args)]
@@ -128,13 +132,9 @@ def lazy_run(op: Any, args: list, kwargs: dict) -> tuple[Any, list, dict]:
     return out, a, k
 
 
-def context_call(op: Any, args: list, kwargs: dict, context: Any,
-                 codegen_dir: str) -> tuple[dict[str, torch.Tensor], dict[str, tuple[list, torch.dtype]]]:
-    """The op wrapped in a ``dict -> dict`` function, compiled with the Context API and called once.
-
-    Returns the outputs read back to the host and what their ``TensorProxy`` objects report
-    (shape, dtype), which must agree.
-    """
+def _holes(args: list, kwargs: dict) -> tuple[dict[str, torch.Tensor], list, dict]:
+    """The tensors of ``args`` and ``kwargs`` (lists of tensors walked) by path, and both with each tensor
+    replaced by a placeholder that ``_fill`` swaps for a value of the same path; devices moved to mncore."""
     inputs: dict[str, torch.Tensor] = {}
 
     def hole(x: Any, path: str) -> Any:
@@ -145,18 +145,32 @@ def context_call(op: Any, args: list, kwargs: dict, context: Any,
             return [hole(v, f"{path}.{i}") for i, v in enumerate(x)]
         return to_device(x, "mncore")
 
-    def fill(x: Any, feed: dict) -> Any:
-        if isinstance(x, tuple) and len(x) == 2 and x[0] == "__input__":
-            return feed[x[1]]
-        if isinstance(x, list):
-            return [fill(v, feed) for v in x]
-        return x
+    t_args = [hole(a, f"a{i}") for i, a in enumerate(args)]
+    t_kwargs = {k: hole(v, f"k:{k}") for k, v in kwargs.items()}
+    return inputs, t_args, t_kwargs
 
-    t_args = [hole(a, f"a{i}") for i, a in enumerate(clone(args))]
-    t_kwargs = {k: hole(v, f"k:{k}") for k, v in clone(kwargs).items()}
+
+def _fill(x: Any, feed: dict) -> Any:
+    if isinstance(x, tuple) and len(x) == 2 and x[0] == "__input__":
+        return feed[x[1]]
+    if isinstance(x, list):
+        return [_fill(v, feed) for v in x]
+    if isinstance(x, dict):
+        return {k: _fill(v, feed) for k, v in x.items()}
+    return x
+
+
+def context_call(op: Any, args: list, kwargs: dict, context: Any,
+                 codegen_dir: str) -> tuple[dict[str, torch.Tensor], dict[str, tuple[list, torch.dtype]]]:
+    """The op wrapped in a ``dict -> dict`` function, compiled with the Context API and called once.
+
+    Returns the outputs read back to the host and what their ``TensorProxy`` objects report
+    (shape, dtype), which must agree.
+    """
+    inputs, t_args, t_kwargs = _holes(clone(args), clone(kwargs))
 
     def step(feed: dict) -> dict:
-        a, k = fill(t_args, feed), {name: fill(v, feed) for name, v in t_kwargs.items()}
+        a, k = _fill(t_args, feed), _fill(t_kwargs, feed)
         return result_dict(op, op(*a, **k), a, k)
 
     if not inputs:
@@ -165,6 +179,53 @@ def context_call(op: Any, args: list, kwargs: dict, context: Any,
         compiled = context.compile(step, inputs, codegen_dir)
         proxies = compiled(inputs)
         return {k: v.cpu() for k, v in proxies.items()}, {k: (list(v.shape), v.dtype) for k, v in proxies.items()}
+
+
+def captured_call(op: Any, args: list, kwargs: dict, seed: int) -> tuple[Any, list, dict]:
+    """The op as a step function under ``mncore.capture``, as a training loop calls one: two calls on
+    the inputs with their float values scaled down (the same shapes, dtypes and strides: the same call
+    key) record it, a third on the case's own inputs replays the recorded graph. Returns that call's outputs
+    and written arguments read back, as ``lazy_call`` does; a replay that returned a recording's values
+    or left an argument unwritten then disagrees with lazy mode. ``NotApplicable`` where capture keeps
+    tracing the step instead (its warning says why) or the op rejects the scaled values in lazy mode too.
+    """
+    inputs, t_args, t_kwargs = _holes(clone(args), clone(kwargs))
+    if not inputs:
+        raise NotApplicable("no tensor inputs")
+    g = torch.Generator().manual_seed(seed)
+    step = mncore.capture(lambda feed: op(*_fill(t_args, feed), **_fill(t_kwargs, feed)))
+    with drained(), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", CaptureWarning)
+        for low in (0.5, 0.7):  # two recordings, on values that differ from each other and from the case's
+            factor = low + 0.2 * torch.rand((), generator=g).item()
+            feed = to_device({k: _scaled(v, factor) for k, v in inputs.items()}, "mncore")
+            try:
+                step(feed)
+                mncore.wait_device_ops()
+            except Exception:
+                try:
+                    lazy_run(op, _fill(t_args, feed), _fill(t_kwargs, feed))
+                except Exception as e:  # noqa: BLE001 - values the op rejects
+                    raise NotApplicable(f"lazy mode raises on the scaled values too ({type(e).__name__})") from None
+                raise
+        feed = to_device(inputs, "mncore")
+        before = mncore.metrics.counters()["replays"]
+        result = lazy_run(op, _fill(t_args, feed), _fill(t_kwargs, feed), call=lambda *a, **k: step(feed))
+        if mncore.metrics.counters()["replays"] == before:
+            why = next((str(w.message) for w in seen if issubclass(w.category, CaptureWarning)), "no warning")
+            raise NotApplicable(f"capture did not replay the step: {why.split('this step: ')[-1].split('. It keeps')[0]}")
+    return result
+
+
+def _scaled(t: torch.Tensor, factor: float) -> torch.Tensor:
+    """A copy of ``t`` in the same layout with its float values times ``factor`` (in (0, 1): signs, ranges
+    such as [0, 1], order and positive definiteness kept); integer and bool tensors (indices, offsets,
+    masks) are copied as they are."""
+    n = _extent(list(t.shape), list(t.stride()))
+    flat = t.as_strided([n], [1]).clone()
+    if t.is_floating_point() or t.is_complex():
+        flat.mul_(factor)
+    return flat.as_strided(t.shape, t.stride())
 
 
 def grads(op: Any, args: list, kwargs: dict, device: str, weight_seed: int,
@@ -864,6 +925,20 @@ def run_case(case: Case, context: Any, codegen_dir: str, phase: Callable[[str], 
         else:
             return fail("error", "context_vs_lazy", f"Context API raised where lazy mode did not: {_error(e)}")
     timings["context"] = time.perf_counter() - t0
+
+    phase("captured_vs_lazy")
+    t0 = time.perf_counter()
+    try:
+        cap, cap_args, cap_kwargs = captured_call(op, args, kwargs, case.value_seed)
+        v = judge(case.op, cap, got, cap_args, cap_kwargs, got_args, got_kwargs)
+        if not v:
+            return fail("mismatch", "captured_vs_lazy", v.message)
+        checks["captured_vs_lazy"] = "pass"
+    except NotApplicable as e:
+        checks["captured_vs_lazy"] = f"n/a: {e}"
+    except Exception as e:  # noqa: BLE001
+        return fail("error", "captured_vs_lazy", f"the captured step raised where lazy mode did not: {_error(e)}")
+    timings["captured"] = time.perf_counter() - t0
 
     phase("eager_grad")  # a crash or hang here is eager's own (e.g. CPU's pdist backward of no rows)
     t0 = time.perf_counter()

@@ -64,7 +64,7 @@ def record(fn: Callable, args: tuple, kwargs: dict, leaves: list, world: World,
     finally:
         tracer.recording, tracer.record_frames = None, saved_frames
     out_leaves, out_spec = pytree.tree_flatten(out)
-    problems = list(rec.problems)
+    problems = list(rec.problems) + call.reshaped()
     outputs: list[tuple] = []
     extra: list[tuple] = []
     out_storages: set[int] = set()
@@ -115,10 +115,12 @@ class _Call:
         self.storages: dict[int, int] = {}  # id(storage) -> argument
         self.arg_ids: dict[int, int] = {}
         self.versions: dict[int, int] = {}
+        self.layouts: dict[int, tuple] = {}  # argument -> (meta, view chain, storage) when the call began
         for i, x in enumerate(leaves):
             if isinstance(x, torch.Tensor):
                 self.arg_ids.setdefault(id(x), i)
                 if isinstance(x, LazyTensor):
+                    self.layouts[i] = (x.mn_meta, x.mn_chain, x.mn_storage)
                     self.storages.setdefault(id(x.mn_storage), i)
                     if type(x.mn_storage.value[0]) is Data:
                         self.entry.setdefault(id(x.mn_storage.value[0]), i)
@@ -126,6 +128,19 @@ class _Call:
                     self.versions[id(x)] = x._version
         hosts = [b[1]() for b in previous.bindings if b[0] == "host"] if previous else []
         self.host_versions = {id(t): t._version for t in hosts if t is not None}  # read again in this call
+
+    def reshaped(self) -> list[tuple[str, None]]:
+        """The problem of a call that changed an argument's shape, strides or storage in place: a replay
+        writes an argument's values but leaves the tensor passed as it is (each call passes a new one)."""
+        for i, (meta, chain, storage) in self.layouts.items():
+            x = self.leaves[i]
+            if x.mn_meta != meta or x.mn_chain != chain or x.mn_storage is not storage:
+                return [(f"it changes argument {i} in place from shape {list(meta.shape)}, strides "
+                         f"{list(meta.stride)} to {list(x.mn_meta.shape)}, {list(x.mn_meta.stride)} (resize_, "
+                         "transpose_, as_strided_ or an out= tensor of another shape), which a replay cannot "
+                         "repeat on the tensor passed; pass one of the final shape, or change it outside the function",
+                         None)]
+        return []
 
 
 def _plan(done: Submitted | None, rec: Recording, call: _Call, out_storages: set, world: World,

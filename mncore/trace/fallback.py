@@ -24,13 +24,19 @@ from mncore.trace.sites import user_site, warn_at
 _warned: set = set()
 
 
-def _first_line(why: str) -> str:
-    line = why.strip().splitlines()[0] if why.strip() else "its output shape depends on values"
-    line = line.replace("aten::", "")
+def first_line(why: str, op: Any = None) -> str:
+    """Why ``op`` cannot be a graph node, in a few words: an op PyTorch tags as having a data-dependent
+    output shape says so, PyTorch's usual message for an op without a meta kernel is said plainly, else
+    the first line of the message, short enough for a warning."""
+    if torch.Tag.dynamic_output_shape in getattr(op, "tags", ()) or "data-dependent" in why or not why.strip():
+        return "its output shape depends on values"
+    if "no fake impl or Meta kernel" in why:
+        return "PyTorch has no shape function (meta kernel) for it"
+    line = why.strip().splitlines()[0].replace("aten::", "")
     return line if len(line) <= 160 else line[:157] + "..."
 
 
-def admit(op_name: str, why: str) -> None:
+def admit(op_name: str, reason: str) -> None:
     """Apply ``settings.fallback`` before ``op_name`` runs on the host of a static-shape device."""
     mode = settings.fallback
     if mode == "silent":
@@ -38,7 +44,7 @@ def admit(op_name: str, why: str) -> None:
     site = user_site()
     where = describe_site(site)
     what = (f"mncore: {op_name} at {where} cannot be a node of {settings.device}'s static-shape graphs "
-            f"({_first_line(why)})")
+            f"({reason})")
     if mode == "error":
         raise StaticShapeError(
             f"{what}, and init(fallback='error') (or MNCORE_FALLBACK=error) refuses to run it on the host. Use "

@@ -102,7 +102,8 @@ def realize_all(args: tuple, kwargs: dict, reason: str) -> tuple[list, dict]:
 
 
 def fallback(info: Any, func: Any, args: tuple, kwargs: dict, why: str) -> Any:
-    """Ops whose output shape depends on values (nonzero, masked indexing, unique) run eagerly.
+    """Ops whose output shape depends on values (nonzero, masked indexing, unique), or that PyTorch gives no
+    shape function (the fused optimizers), run eagerly; ``why`` is shape inference's reason.
 
     On the static-shape devices (emu2, mncore2) they run on the host per ``settings.fallback``
     (``trace/fallback.py``).
@@ -113,12 +114,13 @@ def fallback(info: Any, func: Any, args: tuple, kwargs: dict, why: str) -> Any:
             "a Context function compiles to one graph with static shapes, so it cannot hold this op: run the step "
             f"in lazy mode (.to('mncore') and mncore.sync()), which runs such ops eagerly (PyTorch: {why})")
     static = settings.static_shapes
+    reason = host_fallback.first_line(why, func)
     if static:
-        host_fallback.admit(info.name, why)
+        host_fallback.admit(info.name, reason)
     metrics.count_fallback(info.name)
     if tracer.recording is not None:
-        tracer.recording.refuse(f"{info.name} runs eagerly on the host (its output shape depends on values)")
-    real_args, real_kwargs = realize_all(args, kwargs, f"{info.name} (data-dependent shape)")
+        tracer.recording.refuse(f"{info.name} runs eagerly on the host ({reason})")
+    real_args, real_kwargs = realize_all(args, kwargs, f"{info.name} (run eagerly: {reason})")
     out = lower(func)(*real_args, **real_kwargs)  # the kernel a graph would run (substitutes, overrides)
     if static:
         host_fallback.count_transfers((real_args, real_kwargs), out)

@@ -85,9 +85,19 @@ def _histc(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     return torch.ops.aten.histc.default(x, *args, **kwargs)
 
 
+def _fused_step(*args: Any, **kwargs: Any) -> None:
+    """A fused optimizer step on meta tensors: it writes its lists in place and returns nothing (PyTorch's
+    rule for ``_fused_adam_``). PyTorch has that rule for Adam and AdamW with a float ``lr`` only, so
+    ``SGD(fused=True)``, ``Adagrad(fused=True)`` and a tensor ``lr`` ran eagerly, cutting the graph at every
+    optimizer step (and step capture refused such a step)."""
+
+
 # Ops whose meta rule does not describe what the CPU computes: the rule here does.
 _OWN_SHAPE_RULES = {"_grouped_mm.default": _grouped_mm, "histc.default": _histc,
-                    **{op.__name__: rule for op, rule in BATCH_NORM_BACKWARD_OF_NOTHING.items()}}
+                    **{op.__name__: rule for op, rule in BATCH_NORM_BACKWARD_OF_NOTHING.items()},
+                    **{f"{name}.{overload}": _fused_step for name in ("_fused_adam_", "_fused_adamw_", "_fused_sgd_",
+                                                                     "_fused_adagrad_")
+                       for overload in ("default", "tensor_lr")}}
 
 
 def _eval_batch_norm(args: list, kwargs: dict, out: tuple) -> tuple:
@@ -461,6 +471,8 @@ def _infer(target: Any, targs: tuple, tkw: tuple, inputs: list, sigs: list) -> t
     unsafe = _unsafe_sizes(target, margs, mkw)
     if unsafe:
         raise RuntimeError(unsafe)
+    if isinstance(target, MutateFn) and target.op.__name__ in _OWN_SHAPE_RULES:  # an in-place op: clone, run the rule
+        own = target.with_op(_OWN_SHAPE_RULES[target.op.__name__])
     try:
         out = target(*margs, **mkw) if own is None else own(*margs, **mkw)
     except NotImplementedError as e:

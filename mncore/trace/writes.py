@@ -5,17 +5,17 @@ back into the base op by op (``views.inverse``), the functionalization rule PyTo
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
 from mncore.errors import ImplicitSyncError
 from mncore.ir import ops as opinfo
-from mncore.ir.meta import TensorMeta
+from mncore.ir.meta import TensorMeta, meta_of
 from mncore.ir.targets import MutateFn
 from mncore.ir.values import Data, describe_site
 from mncore.trace import views
-from mncore.trace.host import fallback, realize_all
+from mncore.trace.host import fallback, realize, realize_all
 from mncore.trace.infer import FallbackNeeded
 from mncore.trace.record import describe_host, emit1, new_tensor, record
 from mncore.trace.sites import user_site, warn_at
@@ -137,7 +137,7 @@ def mutating(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
         try:
             node = record(opinfo.info_for(info.functional), info.functional, fargs, fkw)
         except FallbackNeeded as e:
-            return fallback(info, func, args, kwargs, str(e))
+            return _run_eagerly(info, func, args, kwargs, str(e))
         if info.out_names:
             _resize_outs(info.name, targets, node.sig.metas)
         if node.sig.struct is None:
@@ -155,23 +155,63 @@ def mutating(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     try:
         node = record(info, fn, args, kwargs)
     except FallbackNeeded as e:
-        return fallback(info, func, args, kwargs, str(e))
+        return _run_eagerly(info, func, args, kwargs, str(e))
     metas = node.sig.metas
     n_rets = sum(1 for a in info.returns_alias if a is None)
     for i, t in enumerate(targets):
         if t is not None:
             write(t, (node, n_rets + i), metas[n_rets + i], info.name)
-    results, k = [], 0
+    return _results(info, args, kwargs, (None if metas[k] is None else new_tensor((node, k), metas[k])
+                                         for k in range(n_rets)))
+
+
+def _results(info: Any, args: tuple, kwargs: dict, fresh: Iterator) -> Any:
+    """What a mutating op returns: the argument for each result that aliases one, else the next of ``fresh``."""
+    results = []
     for a in info.returns_alias:
         if a is None:
-            results.append(None if metas[k] is None else new_tensor((node, k), metas[k]))
-            k += 1
+            results.append(next(fresh))
         else:
             name = info.arg_names[a]
             results.append(kwargs[name] if name in kwargs else args[a])
     if not results:
         return None
     return results[0] if len(results) == 1 else tuple(results)
+
+
+def _run_eagerly(info: Any, func: Any, args: tuple, kwargs: dict, why: str) -> Any:
+    """A mutating op that cannot be a graph node runs eagerly on copies of the tensors it writes, and each copy
+    becomes its tensor's new value. Run on the device buffers themselves, it wrote into values other tensors
+    share (a graph returns one buffer for equal outputs: Adam's new ``exp_avg`` and ``exp_avg_sq`` are both
+    zeros, and ``Adam(fused=True, lr=tensor)`` wrote the second moment into the first, then NaN), or into a
+    copy ``realize`` made for another layout, which was then dropped."""
+    written: list[tuple[LazyTensor, torch.Tensor]] = []
+
+    def copy(v: Any) -> Any:
+        if isinstance(v, (list, tuple)):
+            return type(v)(copy(x) for x in v)
+        if not isinstance(v, LazyTensor):
+            return v
+        buf = realize(v, f"{info.name} (run eagerly)")
+        shape, stride, dtype = v.mn_meta
+        c = torch.empty_strided(shape, stride, dtype=dtype, device=buf.device).copy_(buf)
+        written.append((v, c))
+        return c
+
+    cargs, ckwargs = list(args), dict(kwargs)
+    for pos, name in zip(info.mutated, info.mutated_names):
+        if name in ckwargs:
+            ckwargs[name] = copy(ckwargs[name])
+        elif pos < len(cargs):
+            cargs[pos] = copy(cargs[pos])
+    res = fallback(info, func, tuple(cargs), ckwargs, why)
+    for t, c in written:
+        meta = meta_of(c)
+        if info.out_names:
+            _resize_outs(info.name, [t], [meta])
+        write(t, (Data(meta, c), 0), meta, info.name)
+    res = res if isinstance(res, tuple) else (res,)
+    return _results(info, args, kwargs, iter([r for r, a in zip(res, info.returns_alias) if a is None]))
 
 
 def _mixed_write(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
