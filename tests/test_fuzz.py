@@ -179,7 +179,8 @@ def test_crash_and_hang_are_recorded_not_propagated(tmp_path: Path) -> None:
 
 def test_repro_templates_pass_on_a_correct_backend(tmp_path: Path) -> None:
     """The Context, gradient, crash/hang and output repro forms run eager and mncore and pass when mncore is
-    right, for ops of torchvision's namespace too; a ``lazy_alone`` crash's script passes when mncore refuses."""
+    right, for ops of torchvision's namespace too; a ``lazy_alone`` crash's script passes when mncore refuses, and a
+    ``captured_vs_lazy`` mismatch's when capture refuses the step (it is traced on every call then)."""
     from harness.fuzz.findings import Findings
 
     case = _row("aten.mul.Tensor").with_mutation({"kind": "layout", "arg": "a0", "layout": "strided", "by": "fuzz"})
@@ -201,6 +202,11 @@ def test_repro_templates_pass_on_a_correct_backend(tmp_path: Path) -> None:
     forms["alone"] = "mncore completed the step"
     scripts["alone"] = findings.write(f"{alone.op}:crash:lazy_alone", alone, alone,
                                       {"kind": "crash", "oracle": "lazy_alone"}, {}, meta)
+    # a captured_vs_lazy finding that capture refuses now (a step that transposes its argument) passes
+    refused = _filled_row("aten.transpose_.default")
+    forms["refused"] = "the captured step is traced on every call"
+    scripts["refused"] = findings.write(f"{refused.op}:mismatch:captured_vs_lazy", refused, refused,
+                                        {"kind": "mismatch", "oracle": "captured_vs_lazy"}, {}, meta)
     # One interpreter runs the scripts in turn (each import of torch + mncore costs seconds).
     runner = "import runpy, sys\nfor p in sys.argv[1:]:\n    runpy.run_path(p, run_name='__main__')\n"
     proc = subprocess.run([sys.executable, "-c", runner, *map(str, scripts.values())], cwd=tmp_path, env=ENV,
