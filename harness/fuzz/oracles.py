@@ -133,8 +133,8 @@ def lazy_run(op: Any, args: list, kwargs: dict, call: Callable | None = None) ->
 
 
 def _holes(args: list, kwargs: dict) -> tuple[dict[str, torch.Tensor], list, dict]:
-    """The tensors of ``args`` and ``kwargs`` (lists of tensors walked) by path, and both with each tensor
-    replaced by a placeholder that ``_fill`` swaps for a value of the same path; devices moved to mncore."""
+    """Copies of the tensors of ``args`` and ``kwargs`` (lists of tensors walked) by path, and both with each
+    tensor replaced by a placeholder that ``_fill`` swaps for a value of the same path; devices moved to mncore."""
     inputs: dict[str, torch.Tensor] = {}
 
     def hole(x: Any, path: str) -> Any:
@@ -145,8 +145,8 @@ def _holes(args: list, kwargs: dict) -> tuple[dict[str, torch.Tensor], list, dic
             return [hole(v, f"{path}.{i}") for i, v in enumerate(x)]
         return to_device(x, "mncore")
 
-    t_args = [hole(a, f"a{i}") for i, a in enumerate(args)]
-    t_kwargs = {k: hole(v, f"k:{k}") for k, v in kwargs.items()}
+    t_args = [hole(a, f"a{i}") for i, a in enumerate(clone(args))]
+    t_kwargs = {k: hole(v, f"k:{k}") for k, v in clone(kwargs).items()}
     return inputs, t_args, t_kwargs
 
 
@@ -167,7 +167,7 @@ def context_call(op: Any, args: list, kwargs: dict, context: Any,
     Returns the outputs read back to the host and what their ``TensorProxy`` objects report
     (shape, dtype), which must agree.
     """
-    inputs, t_args, t_kwargs = _holes(clone(args), clone(kwargs))
+    inputs, t_args, t_kwargs = _holes(args, kwargs)
 
     def step(feed: dict) -> dict:
         a, k = _fill(t_args, feed), _fill(t_kwargs, feed)
@@ -189,7 +189,7 @@ def captured_call(op: Any, args: list, kwargs: dict, seed: int) -> tuple[Any, li
     or left an argument unwritten then disagrees with lazy mode. ``NotApplicable`` where capture keeps
     tracing the step instead (its warning says why) or the op rejects the scaled values in lazy mode too.
     """
-    inputs, t_args, t_kwargs = _holes(clone(args), clone(kwargs))
+    inputs, t_args, t_kwargs = _holes(args, kwargs)
     if not inputs:
         raise NotApplicable("no tensor inputs")
     g = torch.Generator().manual_seed(seed)

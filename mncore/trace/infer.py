@@ -85,6 +85,10 @@ def _histc(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     return torch.ops.aten.histc.default(x, *args, **kwargs)
 
 
+# Fused optimizer steps: how many of their leading lists hold one tensor per parameter, shaped like it.
+_PER_PARAMETER_LISTS = {"_fused_adam": 5, "_fused_adamw": 5, "_fused_sgd": 3, "_fused_adagrad": 3}
+
+
 def _fused_step(*args: Any, **kwargs: Any) -> None:
     """A fused optimizer step on meta tensors: it writes its lists in place and returns nothing (PyTorch's
     rule for ``_fused_adam_``). PyTorch has that rule for Adam and AdamW with a float ``lr`` only, so
@@ -95,8 +99,7 @@ def _fused_step(*args: Any, **kwargs: Any) -> None:
 # Ops whose meta rule does not describe what the CPU computes: the rule here does.
 _OWN_SHAPE_RULES = {"_grouped_mm.default": _grouped_mm, "histc.default": _histc,
                     **{op.__name__: rule for op, rule in BATCH_NORM_BACKWARD_OF_NOTHING.items()},
-                    **{f"{name}.{overload}": _fused_step for name in ("_fused_adam_", "_fused_adamw_", "_fused_sgd_",
-                                                                     "_fused_adagrad_")
+                    **{f"{name}_.{overload}": _fused_step for name in _PER_PARAMETER_LISTS
                        for overload in ("default", "tensor_lr")}}
 
 
@@ -146,9 +149,6 @@ def _cpu_shapes(target: Any, margs: list, mkw: dict, out: Any) -> Any:
     rule = _CPU_SHAPES.get(getattr(op, "__name__", ""))
     return rule(margs, mkw, out) if rule is not None and isinstance(out, tuple) else out
 
-
-# Fused optimizer steps: how many of their leading lists hold one tensor per parameter, shaped like it.
-_PER_PARAMETER_LISTS = {"_fused_adam": 5, "_fused_adamw": 5, "_fused_sgd": 3, "_fused_adagrad": 3}
 
 
 def _unsafe_sizes(target: Any, args: list, kwargs: dict) -> str:
