@@ -616,6 +616,73 @@ def test_refusal_is_reported_in_metrics():
     assert mncore.metrics.counters()["captures"] == 0 and mncore.metrics.counters()["replays"] == 0
 
 
+# ---------------------------------------------------------------------------------------------- 7b. host reads as guards
+
+
+def _masked_ce(model: torch.nn.Module, b: dict) -> torch.Tensor:
+    """The check transformers makes before it drops an attention mask: a host read that picks a branch."""
+    logits = model(b["x"])
+    mask = b["mask"]
+    if bool(mask.all()):  # guard:read
+        return F.cross_entropy(logits, b["y"])
+    return (F.cross_entropy(logits, b["y"], reduction="none") * mask).sum() / mask.sum()
+
+
+def _masked_batches(pattern: str) -> list[dict]:
+    """One batch per letter: ``o`` with a mask of ones, ``h`` with holes in it."""
+    batches = _mlp_batches(12, len(pattern), batch=8)
+    for b, kind in zip(batches, pattern):
+        b["mask"] = torch.ones(8) if kind == "o" else torch.tensor([1.0, 0, 1, 1, 0, 1, 1, 1])
+    return batches
+
+
+def _guarded_runs(pattern: str) -> tuple[Run, Run, Run, list[str], dict]:
+    """The masked step on the batches of ``pattern`` captured, in lazy mode and eagerly; the capture
+    warnings and the retrace reasons of the captured run."""
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
+    batches = _masked_batches(pattern)
+    sgd = lambda params, dev: torch.optim.SGD(params, lr=0.1, momentum=0.9)  # noqa: E731
+    mncore.metrics.reset()
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        cap = _train(base, batches, "capture", sgd, _masked_ce)
+    reasons = mncore.metrics.capture_retraces()
+    cap_replays = mncore.metrics.counters()["replays"]
+    lazy = _train(base, batches, "lazy", sgd, _masked_ce)
+    eager = _train(base, batches, "eager", sgd, _masked_ce)
+    _assert_identical(cap, lazy)
+    _assert_close(cap, eager)
+    return cap, lazy, eager, _capture_warnings(rec), {"reasons": reasons, "replays": cap_replays}
+
+
+def test_a_host_read_whose_value_holds_is_a_guard_and_the_step_replays():
+    """The read is answered by a graph of its own while the step records, and each replay checks it."""
+    _, _, _, warned, seen = _guarded_runs("oooooooo")
+    assert warned == []
+    # calls 1 and 2 have different keys (no .grad yet, then .grad), 3 agrees with 2, 4-8 replay
+    assert seen["replays"] == 5
+
+
+def test_a_replay_whose_host_read_changed_writes_nothing_and_traces_the_step():
+    """Call 6 brings holes in the mask: its replay finds the value changed, writes nothing, and the
+    step is traced (the other branch); the two calls after it record the ones-branch again."""
+    _, _, _, warned, seen = _guarded_runs("ooooohoooo")
+    assert warned == []
+    assert seen["replays"] == 4  # calls 4, 5, 9, 10
+    changed = [why for why in seen["reasons"] if "changed" in why]
+    assert len(changed) == 1 and _line("guard:read") in changed[0], seen["reasons"]
+
+
+def test_host_reads_that_keep_changing_are_refused_naming_the_line():
+    """Each replay finds the mask's branch changed (three in a row): capture stops replaying and warns once;
+    every call stays right."""
+    _, _, _, warned, seen = _guarded_runs("oooh" "hoo" "hhoo" "hh")
+    assert len(warned) == 1, warned
+    assert "replays in a row" in warned[0] and _line("guard:read") in warned[0], warned[0]
+    assert seen["replays"] == 0  # each replay found the value changed: none was completed
+
+
 # ---------------------------------------------------------------------------------------------- 8. modes
 
 

@@ -22,7 +22,7 @@ from torch.utils import _pytree as pytree
 
 from mncore import config
 from mncore.capture.plan import Plan, disagreement, record
-from mncore.capture.replay import Unbound, replay
+from mncore.capture.replay import GuardChanged, Unbound, replay
 from mncore.capture.world import World
 from mncore.config import require_init, settings
 from mncore.devices import registry
@@ -33,6 +33,8 @@ from mncore.trace.state import tracer
 from mncore.trace.tensor import LazyTensor
 
 
+_CHANGED_READS = 3  # replays in a row whose host reads changed before a key is refused
+
 
 @dataclass(eq=False)
 class _Entry:
@@ -42,6 +44,7 @@ class _Entry:
     ready: Plan | None = None
     calls: int = 0
     disagreements: int = 0
+    changed_reads: int = 0  # replays in a row whose host reads changed (``GuardChanged``)
     refused: str | None = None
 
 
@@ -106,7 +109,16 @@ class Captured:
             why = "a periodic re-validation (check_every)" if due else self._guard(entry.ready)
             if why is None:
                 try:
-                    return replay(entry.ready, leaves)
+                    out = replay(entry.ready, leaves)
+                    entry.changed_reads = 0
+                    return out
+                except GuardChanged as e:
+                    why = str(e)
+                    entry.changed_reads += 1
+                    if entry.changed_reads >= _CHANGED_READS:  # each change costs a replay and two recordings
+                        self._refuse(entry, f"{why} on {_CHANGED_READS} replays in a row; capture replays a "
+                                            "step whose host reads keep their values (read such values after "
+                                            "the call)")
                 except Unbound as e:
                     why = str(e)
             metrics.count_retrace(why)

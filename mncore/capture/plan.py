@@ -8,6 +8,7 @@ the step's old buffers alive).
 """
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
@@ -22,6 +23,7 @@ from mncore.ir.meta import TensorMeta
 from mncore.ir.targets import MutateFn, Seeded
 from mncore.ir.values import Data, Node, Scalar, Seed, Site, describe_site
 from mncore.capture.world import World, plain
+from mncore.trace.guards import Guard, value_text
 from mncore.trace.record import describe_host, value_of
 from mncore.trace.state import Recording, tracer
 from mncore.trace.sync import Submitted, cut
@@ -46,6 +48,7 @@ class Plan:
     hyperparameters: tuple
     problem: tuple[str, Site | None] | None = None
     program: Any = None  # replay's faster form of the bindings and effects, made at the first replay
+    guards: tuple[tuple[int, Guard], ...] = ()  # (output, guard) per value read on the host (no traced ref)
 
 
 def record(fn: Callable, args: tuple, kwargs: dict, leaves: list, world: World,
@@ -98,6 +101,8 @@ def record(fn: Callable, args: tuple, kwargs: dict, leaves: list, world: World,
                 outputs.append(("value", None))
             else:
                 outputs.append(("value", t))
+        if not problems and not rec.problems:  # (a refused step is not replayed: its reads need no checks)
+            extra += [g.ref for g in rec.guards]
         done = cut("capture", tuple(extra))
     plan = _plan(done, rec, call, out_storages, world, outputs, out_spec, hyper)
     if problems and plan.problem is None:
@@ -220,8 +225,10 @@ def _plan(done: Submitted | None, rec: Recording, call: _Call, out_storages: set
         ops.append((n.sig.id, name, n.frame))
         sites += [(name, n.frame) for ref in n.inputs if isinstance(ref, Scalar)]
     resolved = [("ref", (index[(id(o[1][0]), o[1][1])], o[2])) if o[0] == "ref" else o for o in outputs]
+    guards = tuple((index[(id(g.ref[0]), g.ref[1])], dataclasses.replace(g, ref=None))
+                   for g in rec.guards if (id(g.ref[0]), g.ref[1]) in index)
     return Plan(done.exe, device, bindings, scalars, sites, tuple(ops), len(rec.seeds),
-                [leaf.meta for leaf in done.outs], effects, resolved, out_spec, hyper, problem)
+                [leaf.meta for leaf in done.outs], effects, resolved, out_spec, hyper, problem, guards=guards)
 
 
 def holder_tensor(holder: tuple, leaves: list) -> Any:
@@ -267,6 +274,11 @@ def disagreement(old: Plan, new: Plan) -> Disagreement | None:
                 f"{a!r}, then {b!r}")
     if old.n_seeds != new.n_seeds:
         return Disagreement("the call draws a different number of random seeds")
+    for (i, a), (j, b) in zip(old.guards, new.guards):
+        if i != j or not a.holds(b.expected):
+            return Disagreement(f"{b.read} reads a tensor value on the host (at {b.site}) that changes between "
+                                "calls, and a replay cannot run the Python code that uses it; read it after the call",
+                                f"{value_text(a.expected)}, then {value_text(b.expected)}")
     for k, (a, b) in enumerate(zip(old.bindings, new.bindings)):
         why = _binding_difference(a, b)
         if isinstance(why, Disagreement):

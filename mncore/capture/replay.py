@@ -1,7 +1,9 @@
 """Replaying a plan: bind its inputs to what holds them now, submit its executable, apply its writes.
 
 Everything is resolved before anything changes, so a replay that cannot bind (a tensor it reads was
-freed, a ``.grad`` is gone) changes nothing and the caller traces the step instead. A plan is turned
+freed, a ``.grad`` is gone) changes nothing and the caller traces the step instead. A step that read
+values on the host when it was recorded (guards) waits for its graph and checks those values before
+it writes anything; when one changed, nothing is written and the caller traces the step. A plan is turned
 into a :class:`Program` once: the common cases (one storage read or written) become plain weak
 references, so a replay costs a few attribute reads per tensor.
 """
@@ -26,7 +28,13 @@ from mncore.trace.tensor import LazyTensor, Storage
 
 
 class Unbound(Exception):
-    """A plan's input or target cannot be found any more; the message says which."""
+    """The replay cannot run as recorded (an input or target is gone); nothing was changed, and the
+    message says why."""
+
+
+class GuardChanged(Unbound):
+    """A value the step read on the host when it was recorded is another now (the graph computed it):
+    the Python branch taken then may not be the one to take; nothing the step writes was changed."""
 
 
 class Program:
@@ -93,24 +101,26 @@ def replay(plan: Plan, leaves: list) -> Any:
                 leaf = Data(meta, ready=ready)
                 leaf.graph = name
                 outs.append(leaf)
-            for s, j in writes:
-                store(s, outs[j])
-            dropped = []  # .grad tensors replaced: freed by the worker after the run
-            with torch._C.DisableTorchFunctionSubclass():  # .grad of an mncore tensor: no override to look for
-                for param, meta, chain, j in prog.grads:
-                    _new_grad(param, meta, chain, outs[j], dropped)
-                for (kind, _, j), found in others:
-                    if kind == "grad_new":
-                        holder, (_, meta, chain) = found
-                        _new_grad(holder, meta, chain, outs[j], dropped)
-                    else:
-                        for st in found:
-                            store(st, outs[j])
+            dropped: list = []  # .grad tensors replaced: freed by the worker after the run
+            if not plan.guards:
+                _apply(prog, writes, others, outs, dropped)
             t_submit = timeline.now()
-            waited = executor.submit(Job(exe=plan.exe, leaves=inputs, scalars=scalars, outs=outs, release=dropped))
+            waited = executor.submit(Job(exe=plan.exe, leaves=inputs, scalars=scalars, outs=outs,
+                                         release=[] if plan.guards else dropped))
             if waited:  # the wait for the worker is not the host's work: two spans around it
                 timeline.record("host", "replay", t0, t_submit)
                 t0 = t_submit + waited
+            if plan.guards:
+                t_wait = timeline.now()
+                changed = _changed_read(plan, outs)
+                timeline.record("host", "replay", t0, t_wait)
+                t0 = timeline.now()
+                if changed is not None:
+                    raise GuardChanged(changed)
+                _apply(prog, writes, others, outs, dropped)
+                for leaf in outs:  # the graph has run: what they replace is no value to fall back to
+                    if leaf.error is None:
+                        leaf.fallback = None
         else:
             for _ in range(plan.n_seeds):
                 rng.next_seed()
@@ -124,6 +134,35 @@ def replay(plan: Plan, leaves: list) -> Any:
     mark_host_end(t1)
     metrics.add("replays")
     return result[0] if prog.single else pytree.tree_unflatten(result, plan.out_spec)
+
+
+def _apply(prog: Program, writes: list, others: list, outs: list[Data], dropped: list) -> None:
+    """The replay's writes: each storage, ``.grad`` and kept tensor the step updates takes its output."""
+    for s, j in writes:
+        store(s, outs[j])
+    with torch._C.DisableTorchFunctionSubclass():  # .grad of an mncore tensor: no override to look for
+        for param, meta, chain, j in prog.grads:
+            _new_grad(param, meta, chain, outs[j], dropped)
+        for (kind, _, j), found in others:
+            if kind == "grad_new":
+                holder, (_, meta, chain) = found
+                _new_grad(holder, meta, chain, outs[j], dropped)
+            else:
+                for st in found:
+                    store(st, outs[j])
+
+
+def _changed_read(plan: Plan, outs: list[Data]) -> str | None:
+    """Waits for the graph's values of the host reads the step was recorded with; describes the first
+    that changed (None: all hold, or the graph failed, which its outputs then report as any replay's)."""
+    for j, guard in plan.guards:
+        try:
+            value = outs[j].wait(for_user=False)
+        except Exception:  # noqa: BLE001 - the graph's error, raised by the reads of its outputs
+            return None
+        if not guard.holds(value):
+            return f"the value {guard.read} read on the host at {guard.site} changed"
+    return None
 
 
 def _new_grad(param: Any, meta: Any, chain: tuple, out: Data, dropped: list) -> None:

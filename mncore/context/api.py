@@ -39,6 +39,7 @@ from mncore.ir.values import Data, Node, Seed
 from mncore.observe import metrics
 from mncore.trace import graph_for, rng
 from mncore.trace.backward import forget_frames, take_failure
+from mncore.trace.guards import value_text
 from mncore.trace.record import upload, value_of
 from mncore.trace.state import separate_trace
 from mncore.trace.tensor import LazyTensor, Storage
@@ -254,8 +255,8 @@ class CompiledFunction:
             leaf = outs[spec[1]] if spec[0] == "node" else _leaf_of(self._context, spec[1], bound)
             value = leaf.wait()
             if not guard.holds(value):
-                return (f"{guard.describe()} (compiled for {_short(guard.expected)}, "
-                        f"got {_short(value.to('cpu', dtype=guard.expected.dtype))})")
+                return (f"{guard.describe()} (compiled for {value_text(guard.expected)}, "
+                        f"got {value_text(value.to('cpu', dtype=guard.expected.dtype))})")
         return None
 
     def _commit(self, v: _Variant, bound: dict[str, Data], outs: list[Data]) -> dict[str, TensorProxy]:
@@ -284,10 +285,6 @@ def _leaf_of(ctx: Context, b: _Binding, bound: dict[str, Data]) -> Data:
 
 def _name(function: Callable) -> str:
     return repr(getattr(function, "__qualname__", type(function).__name__))
-
-
-def _short(t: torch.Tensor) -> str:
-    return repr(t.item()) if t.numel() == 1 else f"a {list(t.shape)} {str(t.dtype).replace('torch.', '')} tensor"
 
 
 def _fresh_seed() -> int:

@@ -1,7 +1,8 @@
 """Host reads, implicit syncs and eager fallback: where lazy values meet the host.
 
-A host read of a pending value cuts the graph (``implicit_sync``, per ``MNCORE_IMPLICIT_SYNC``);
-ops whose output shape depends on values run eagerly on the execution device and continue lazily.
+A host read of a pending value cuts the graph (``implicit_sync``, per ``MNCORE_IMPLICIT_SYNC``), except
+inside a step ``mncore.capture`` records, where it becomes a guard; ops whose output shape depends on
+values run eagerly on the execution device and continue lazily.
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from mncore.ir.values import Data, Node, describe_site
 from mncore.observe import metrics
 from mncore.trace import fallback as host_fallback
 from mncore.trace import views
+from mncore.trace.guards import Guard, evaluate
 from mncore.trace.infer import FallbackNeeded
-from mncore.trace.record import new_tensor, record, wrap
+from mncore.trace.record import new_tensor, record, value_of, wrap
 from mncore.trace.sites import user_site
 from mncore.trace.state import tracer
 from mncore.trace.sync import sync
@@ -59,6 +61,9 @@ def realize(t: LazyTensor, reason: str) -> torch.Tensor:
             raise ImplicitSyncError(f"{reason} reads a tensor value while a Context function is being compiled")
         return tracer.host_read(t, reason)
     if tracer.recording is not None:
+        buf = _guarded_read(t, reason)
+        if buf is not None:
+            return buf
         tracer.recording.refuse(f"{reason} reads a tensor value on the host")
     st = t.mn_storage
     with tracer.lock:  # another thread may be writing or cutting this value
@@ -69,6 +74,23 @@ def realize(t: LazyTensor, reason: str) -> torch.Tensor:
     for op, args, _ in t.mn_chain:
         buf = views.apply_eager(op, args, buf)
     return as_traced(buf, t.mn_meta)
+
+
+def _guarded_read(t: LazyTensor, reason: str) -> torch.Tensor | None:
+    """A read of a pending value inside a step ``mncore.capture`` records: answered by a graph of its own,
+    without cutting the step's graph, and kept as a guard that every replay checks (``trace.guards``).
+    None where the value is not pending (a replay would have to check a value it does not compute) or
+    host reads raise (``implicit_sync='error'``): the step is then refused as before."""
+    if settings.implicit_sync == "error":
+        return None
+    with tracer.lock:
+        ref = value_of(t)
+    if type(ref[0]) is not Node:
+        return None
+    buf = as_traced(evaluate(ref, t.mn_meta, ()), t.mn_meta)
+    tracer.recording.guards.append(Guard(ref, t.mn_meta, buf.to("cpu", copy=True), reason,
+                                         describe_site(user_site())))
+    return buf
 
 
 def as_traced(buf: torch.Tensor, meta: Any) -> torch.Tensor:

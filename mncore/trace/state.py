@@ -12,13 +12,15 @@ from mncore.trace.sites import user_site
 
 class Recording:
     """What a step capture (``mncore.capture``) must see while its step traces: host tensors
-    uploaded, random seeds drawn, and every reason the step cannot be replayed without Python."""
+    uploaded, random seeds drawn, pending values read on the host (guards), and every reason the
+    step cannot be replayed without Python."""
 
-    __slots__ = ("uploads", "seeds", "problems", "synced")
+    __slots__ = ("uploads", "seeds", "guards", "problems", "synced")
 
     def __init__(self) -> None:
         self.uploads: list[tuple] = []  # (leaf, host tensor, its version when read, site)
         self.seeds: list[Seed] = []
+        self.guards: list = []  # trace.guards.Guard, in the order read
         self.problems: list[tuple[str, Site | None]] = []
         self.synced = False  # the step called sync(), which was left to the end of the step
 
