@@ -636,9 +636,9 @@ def _masked_batches(pattern: str) -> list[dict]:
     return batches
 
 
-def _guarded_runs(pattern: str) -> tuple[Run, Run, Run, list[str], dict]:
-    """The masked step on the batches of ``pattern`` captured, in lazy mode and eagerly; the capture
-    warnings and the retrace reasons of the captured run."""
+def _guarded_runs(pattern: str, capture: Callable = mncore.capture) -> tuple[Run, Run, Run, list[str], dict]:
+    """The masked step on the batches of ``pattern`` captured (by ``capture``), in lazy mode and eagerly;
+    the capture warnings and the retrace reasons of the captured run."""
     torch.manual_seed(0)
     base = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
     batches = _masked_batches(pattern)
@@ -646,7 +646,7 @@ def _guarded_runs(pattern: str) -> tuple[Run, Run, Run, list[str], dict]:
     mncore.metrics.reset()
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
-        cap = _train(base, batches, "capture", sgd, _masked_ce)
+        cap = _train(base, batches, "capture", sgd, _masked_ce, capture=capture)
     reasons = mncore.metrics.capture_retraces()
     cap_replays = mncore.metrics.counters()["replays"]
     lazy = _train(base, batches, "lazy", sgd, _masked_ce)
@@ -672,6 +672,14 @@ def test_a_replay_whose_host_read_changed_writes_nothing_and_traces_the_step():
     assert seen["replays"] == 4  # calls 4, 5, 9, 10
     changed = [why for why in seen["reasons"] if "changed" in why]
     assert len(changed) == 1 and _line("guard:read") in changed[0], seen["reasons"]
+
+
+def test_a_re_validation_that_meets_a_changed_host_read_records_again_without_refusing():
+    """Call 6 is the key's 5th, a re-validation, and brings holes: new data, not a step capture misread, so
+    the step records again (call 7 agrees) and replays, where another difference would refuse it."""
+    _, _, _, warned, seen = _guarded_runs("ooooo" "hhhh", capture=lambda f: mncore.capture(f, check_every=5))
+    assert warned == []
+    assert seen["replays"] == 4  # calls 4, 5, 8, 9
 
 
 def test_host_reads_that_keep_changing_are_refused_naming_the_line():

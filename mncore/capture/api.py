@@ -152,7 +152,8 @@ class Captured:
             metrics.count_retrace(why.reason)
             # the first two recordings may differ for a good reason (state made on the first step, such
             # as optimizer buffers); a third that differs, or a re-validation that does, is refused
-            if why.final or revalidating is not None or entry.disagreements >= 2:
+            # (a re-validation that meets a changed host read met new data: the next call records again)
+            if why.final or (revalidating is not None and not why.read_changed) or entry.disagreements >= 2:
                 self._refuse(entry, why.reason, why.detail)
         entry.last = plan
         return out

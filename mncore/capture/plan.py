@@ -243,11 +243,13 @@ def _op_name(n: Node) -> str:
 
 class Disagreement(NamedTuple):
     """Why two recordings differ: ``reason`` is the same each time it happens (metrics count it),
-    ``detail`` the values of this time (warnings show it); ``final``: no later recording can agree."""
+    ``detail`` the values of this time (warnings show it); ``final``: no later recording can agree;
+    ``read_changed``: only a value read on the host differs (new data, not a step capture misread)."""
 
     reason: str
     detail: str = ""
     final: bool = False
+    read_changed: bool = False  # a value read on the host: data, which a re-validation may meet
 
 
 def disagreement(old: Plan, new: Plan) -> Disagreement | None:
@@ -260,6 +262,11 @@ def disagreement(old: Plan, new: Plan) -> Disagreement | None:
         return Disagreement("an optimizer hyperparameter (lr, momentum, ...) changed between the two calls")
     if old.device is not new.device:
         return Disagreement("the active device changed")
+    for (_, a), (_, b) in zip(old.guards, new.guards):  # (first: another value may explain another graph)
+        if a.site == b.site and not a.holds(b.expected):
+            return Disagreement(f"{b.read} reads a tensor value on the host (at {b.site}) that changes between "
+                                "calls, and a replay cannot run the Python code that uses it; read it after the call",
+                                f"{value_text(a.expected)}, then {value_text(b.expected)}", read_changed=True)
     if (old.exe is None) != (new.exe is None) or (old.exe is not None and old.exe.name != new.exe.name):
         return Disagreement(_graph_difference(old, new))
     for k, (a, b) in enumerate(zip(old.scalars, new.scalars)):
@@ -274,11 +281,8 @@ def disagreement(old: Plan, new: Plan) -> Disagreement | None:
                 f"{a!r}, then {b!r}")
     if old.n_seeds != new.n_seeds:
         return Disagreement("the call draws a different number of random seeds")
-    for (i, a), (j, b) in zip(old.guards, new.guards):
-        if i != j or not a.holds(b.expected):
-            return Disagreement(f"{b.read} reads a tensor value on the host (at {b.site}) that changes between "
-                                "calls, and a replay cannot run the Python code that uses it; read it after the call",
-                                f"{value_text(a.expected)}, then {value_text(b.expected)}")
+    if [i for i, _ in old.guards] != [j for j, _ in new.guards]:
+        return Disagreement("the step reads values on the host from different outputs than on the previous call")
     for k, (a, b) in enumerate(zip(old.bindings, new.bindings)):
         why = _binding_difference(a, b)
         if isinstance(why, Disagreement):
