@@ -107,23 +107,26 @@ class Captured:
             entry.refused, entry.disagreements = None, 0  # try again now and then: the cause may be gone
         if entry.ready is not None:
             why = "a periodic re-validation (check_every)" if due else self._guard(entry.ready)
+            changed = False
             if why is None:
                 try:
                     out = replay(entry.ready, leaves)
                     entry.changed_reads = 0
                     return out
                 except GuardChanged as e:
-                    why = str(e)
+                    why, changed = str(e), True
                     entry.changed_reads += 1
-                    if entry.changed_reads >= _CHANGED_READS:  # each change costs a replay and two recordings
-                        self._refuse(entry, f"{why} on {_CHANGED_READS} replays in a row; capture replays a "
-                                            "step whose host reads keep their values (read such values after "
-                                            "the call)")
                 except Unbound as e:
                     why = str(e)
             metrics.count_retrace(why)
             if not due:
                 entry.ready = entry.last = None
+            if changed and entry.changed_reads >= _CHANGED_READS:  # each costs a replay and two recordings
+                entry.changed_reads = 0
+                out = self._record(entry, args, kwargs, leaves)  # (the step runs, strict mode or not)
+                self._refuse(entry, f"{why} on {_CHANGED_READS} replays in a row; capture replays a step whose "
+                                    "host reads keep their values (read such values after the call)")
+                return out
         return self._record(entry, args, kwargs, leaves)
 
     def _guard(self, plan: Plan) -> str | None:
@@ -148,7 +151,8 @@ class Captured:
         if entry.last is not None and why is None:
             entry.ready, entry.disagreements = plan, 0
         elif why is not None:
-            entry.disagreements += 1
+            if not (revalidating is not None and why.read_changed):  # (new data, met by a re-validation)
+                entry.disagreements += 1
             metrics.count_retrace(why.reason)
             # the first two recordings may differ for a good reason (state made on the first step, such
             # as optimizer buffers); a third that differs, or a re-validation that does, is refused

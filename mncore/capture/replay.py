@@ -91,6 +91,7 @@ def replay(plan: Plan, leaves: list) -> Any:
         if plan.exe is not None:
             plan.device.check_memory(plan.exe)
             scalars = list(plan.scalars)
+            stream = rng.get_state() if plan.guards else None  # given back if a read changed: the call is traced
             if plan.n_seeds:
                 draws = [rng.next_seed() for _ in range(plan.n_seeds)]
                 for i in prog.seeded:
@@ -116,6 +117,7 @@ def replay(plan: Plan, leaves: list) -> Any:
                 timeline.record("host", "replay", t0, t_wait)
                 t0 = timeline.now()
                 if changed is not None:
+                    rng.set_state(stream)  # the traced call draws the seeds lazy mode would
                     raise GuardChanged(changed)
                 _apply(prog, writes, others, outs, dropped)
                 for leaf in outs:  # the graph has run: what they replace is no value to fall back to

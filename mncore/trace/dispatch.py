@@ -18,7 +18,7 @@ from mncore.ir import ops as opinfo
 from mncore.observe import metrics
 from mncore.trace import views
 from mncore.trace.backward import BackwardFailure, in_backward
-from mncore.trace.host import fallback, functional, host_op, host_value
+from mncore.trace.host import fallback, functional, host_op, host_value, host_write
 from mncore.trace.infer import FallbackNeeded
 from mncore.trace.record import cache_view, from_host, new_tensor, record
 from mncore.trace.state import tracer
@@ -109,6 +109,7 @@ def _copy_(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
             return dst
         src = up
     elif src_lazy and not dst_lazy:
+        host_write("copy_", [dst])
         return dst.copy_(host_value(src, "copy_ to a host tensor"), *args[2:])
     res = functional(opinfo.info_for(aten.copy.default), aten.copy.default, (dst, src), {})
     write(dst, res.mn_storage.value, res.mn_meta, "copy_")

@@ -21,7 +21,7 @@ from mncore.trace import fallback as host_fallback
 from mncore.trace import views
 from mncore.trace.guards import Guard, evaluate
 from mncore.trace.infer import FallbackNeeded
-from mncore.trace.record import new_tensor, record, value_of, wrap
+from mncore.trace.record import describe_host, new_tensor, record, value_of, wrap
 from mncore.trace.sites import user_site
 from mncore.trace.state import tracer
 from mncore.trace.sync import sync
@@ -74,6 +74,14 @@ def realize(t: LazyTensor, reason: str) -> torch.Tensor:
     for op, args, _ in t.mn_chain:
         buf = views.apply_eager(op, args, buf)
     return as_traced(buf, t.mn_meta)
+
+
+def host_write(op: str, hosts: list) -> None:
+    """``op`` writes device values into the host tensors ``hosts``: a step capture records that it cannot
+    be replayed (a replay runs no Python and writes no host memory); the write itself reads the values."""
+    if tracer.recording is not None:
+        tracer.recording.refuse(f"{op} writes into the host tensor(s) {', '.join(map(describe_host, hosts))}, "
+                                "which a replay would not repeat; keep them on the device, or copy after the call")
 
 
 def _guarded_read(t: LazyTensor, reason: str) -> torch.Tensor | None:

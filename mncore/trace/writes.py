@@ -15,7 +15,7 @@ from mncore.ir.meta import TensorMeta, meta_of
 from mncore.ir.targets import MutateFn
 from mncore.ir.values import Data, describe_site
 from mncore.trace import views
-from mncore.trace.host import fallback, realize, realize_all
+from mncore.trace.host import fallback, host_write, realize, realize_all
 from mncore.trace.infer import FallbackNeeded
 from mncore.trace.record import describe_host, emit1, new_tensor, record
 from mncore.trace.sites import user_site, warn_at
@@ -216,10 +216,12 @@ def _run_eagerly(info: Any, func: Any, args: tuple, kwargs: dict, why: str) -> A
 
 def _mixed_write(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     """An op writing into a host tensor from device tensors: read the device values first."""
+    hosts = [t for t in _mutated_targets(info, args, kwargs)
+             if isinstance(t, torch.Tensor) and not isinstance(t, LazyTensor)]
     if tracer.capture is not None:
-        hosts = [describe_host(t) for t in _mutated_targets(info, args, kwargs)
-                 if isinstance(t, torch.Tensor) and not isinstance(t, LazyTensor)]
-        raise ImplicitSyncError(f"{info.name} writes into the unregistered host tensor(s) {', '.join(hosts)}; "
-                                "register them (register_buffer / register_param) so they live on the device")
+        raise ImplicitSyncError(f"{info.name} writes into the unregistered host tensor(s) "
+                                f"{', '.join(map(describe_host, hosts))}; register them (register_buffer / "
+                                "register_param) so they live on the device")
+    host_write(info.name, hosts)
     real_args, real_kwargs = realize_all(args, kwargs, info.name)
     return func(*real_args, **real_kwargs)
