@@ -13,11 +13,9 @@ from typing import Any
 
 import torch
 
-from mncore.ir.values import describe_site
-from mncore.trace.guards import Guard, evaluate
-from mncore.trace.host import as_traced
+from mncore.trace.guards import Guard
+from mncore.trace.host import read_as_guard
 from mncore.trace.record import value_of
-from mncore.trace.sites import user_site
 
 
 class GuardRecorder:
@@ -28,7 +26,4 @@ class GuardRecorder:
         self.guards: list[Guard] = []
 
     def __call__(self, t: Any, reason: str) -> torch.Tensor:
-        ref, meta = value_of(t), t.mn_meta
-        buf = as_traced(evaluate(ref, meta, self.options), meta)
-        self.guards.append(Guard(ref, meta, buf.to("cpu", copy=True), reason, describe_site(user_site())))
-        return buf
+        return read_as_guard(t, value_of(t), reason, self.options, self.guards)

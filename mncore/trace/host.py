@@ -95,9 +95,15 @@ def _guarded_read(t: LazyTensor, reason: str) -> torch.Tensor | None:
         ref = value_of(t)
     if type(ref[0]) is not Node:
         return None
-    buf = as_traced(evaluate(ref, t.mn_meta, ()), t.mn_meta)
-    tracer.recording.guards.append(Guard(ref, t.mn_meta, buf.to("cpu", copy=True), reason,
-                                         describe_site(user_site())))
+    return read_as_guard(t, ref, reason, (), tracer.recording.guards)
+
+
+def read_as_guard(t: LazyTensor, ref: tuple, reason: str, options: tuple, guards: list) -> torch.Tensor:
+    """``t``'s value (traced as ``ref``) computed by a graph of its own, in the traced layout, and kept in
+    ``guards`` with who read it where: the Context API's compile and a step capture records answer host
+    reads this way."""
+    buf = as_traced(evaluate(ref, t.mn_meta, options), t.mn_meta)
+    guards.append(Guard(ref, t.mn_meta, buf.to("cpu", copy=True), reason, describe_site(user_site())))
     return buf
 
 
