@@ -265,3 +265,24 @@ def test_a_buffer_rebound_to_another_shape_is_not_compilable_and_the_module_is_r
         ctx.compile(dict_train_step(model, opt, F.mse_loss), batch, tmp_path / "peak")
     assert model.peak is peak and peak.device.type == "cpu"
     torch.testing.assert_close(peak, before, rtol=0, atol=0)  # untouched (a copy, not computed: exact is right)
+
+
+@pytest.mark.parametrize("write", ["copy_", "index", "out=", "add_"])
+def test_a_write_into_an_unregistered_host_tensor_is_refused_at_compile(ctx, tmp_path, write):
+    """A compiled call runs no Python, so a write into a host tensor that is not registered would happen at
+    compile time only: later calls would leave it unchanged without a word. Every way of writing raises when
+    compiling, naming the op and the fix; the value returned and copied after the call is right."""
+    host = torch.zeros(4)
+    writes = {"copy_": lambda v: host.copy_(v), "index": lambda v: host.__setitem__(slice(0, 2), v[:2]),
+              "out=": lambda v: torch.mul(v, 1.0, out=host), "add_": lambda v: host.add_(v)}
+
+    def fn(i: dict) -> dict:
+        writes[write](i["x"] * 2)
+        return {"y": i["x"] + 1}
+
+    with pytest.raises(RuntimeError, match=r"writes into the unregistered host tensor.*register"):
+        ctx.compile(fn, {"x": torch.ones(4)}, tmp_path / "write")
+    compiled = ctx.compile(lambda i: {"twice": i["x"] * 2}, {"x": torch.ones(4)}, tmp_path / "returned")
+    for x in (torch.full((4,), 3.0), torch.arange(4.0)):
+        host.copy_(compiled({"x": x})["twice"].cpu())
+        torch.testing.assert_close(host, x * 2)

@@ -916,6 +916,12 @@ def test_cases_eagers_kernel_cannot_run_safely_are_skipped_before_it_runs(tmp_pa
     wide = torch.cat([boxes, boxes[:, :1]], 1)  # six columns: the backward kernel does not check (found: no error)
     assert "shaped unlike the forward output [1, 4, 2, 2]" in unsafe_for_eager(
         roi_backward, [torch.ones(1, 1, 2, 2), wide, 1.0, 2, 2, 2, 4, 4, 4, 2, False])
+    two = torch.cat([boxes, boxes])
+    two[0, 0] = 0.0
+    assert unsafe_for_eager(roi_backward, [torch.ones(2, 1, 2, 2), two, 1.0, 2, 2, 2, 1, 4, 4, 2, False]) == ""
+    six = torch.cat([two, torch.full((2, 1), -1.0)], 1)  # box 1's image is value 5, -1 (found: SIGSEGV)
+    assert "outside the batch of 2" in unsafe_for_eager(
+        roi_backward, [torch.ones(2, 1, 2, 2), six, 1.0, 2, 2, 2, 1, 4, 4, 2, False])
 
 
 def test_margin_loss_of_an_empty_batch_has_no_eager_reference_but_context_still_checks_lazy(tmp_path: Path) -> None:

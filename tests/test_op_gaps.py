@@ -961,6 +961,20 @@ def test_roi_ops_match_eager_and_refuse_a_box_naming_an_image_outside_the_batch(
             mncore.wait_device_ops()
         with pytest.raises(mncore.DeviceExecutionError):
             out.cpu()
+    # the backward kernels take rois of any width and read a box as 5 values from its start (found fuzzing: a
+    # SIGSEGV for 6 columns, where box 1's image is value 5: -1 here)
+    wide = torch.cat([rois, rois[:, :1]], 1)
+    wide[0, 5] = -1.0
+    out = backward(grad, wide.mncore(), 1.0, 2, 2, 2, 4, 8, 8, 2, False)
+    mncore.sync()
+    with pytest.raises(mncore.DeviceExecutionError, match="_roi_align_backward: a box names image -1 of a batch of 2"):
+        mncore.wait_device_ops()
+    with pytest.raises(mncore.DeviceExecutionError):
+        out.cpu()
+    # a kernel with nothing to compute reads no box: as eager, an empty result
+    empty = torch.zeros(2, 0, 8, 8, dtype=torch.float64)
+    torch.testing.assert_close(ops.roi_align(empty.mncore(), bad.mncore(), (2, 2), 1.0, 2).cpu(),
+                               ops.roi_align(empty, bad, (2, 2), 1.0, 2))
 
 
 def test_kernels_that_divide_by_an_empty_size_are_refused_not_a_crash():

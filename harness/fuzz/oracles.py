@@ -548,7 +548,10 @@ def _roi_unfit(op: Any, name: str, args: list) -> str:
     batch = a.get("batch_size", a["input"].shape[0] if "input" in a else None)
     if rois is None or batch is None or rois.dim() != 2:
         return ""
-    images = rois[:, 0].to(torch.int64) if rois.shape[1] == 5 else None  # other widths: boxes read at 5 a row
+    # a box is read as 5 values from the start of rois: the forward kernels refuse other widths, the backward
+    # ones take any width (found: a SIGSEGV for 6 columns, whose image index of box n is value 5 * n)
+    wide = rois.shape[1] > 5 and "grad" in a
+    images = rois.reshape(-1)[:5 * rois.shape[0]:5].to(torch.int64) if rois.shape[1] == 5 or wide else None
     if images is not None and rois.numel() and (images.min() < 0 or images.max() >= batch):
         return f"{name}: a box names an image outside the batch of {batch}"
     if name in ("roi_align", "ps_roi_align") and rois.shape[0] and a["input"].dim() == 4 and 0 in a["input"].shape[2:]:

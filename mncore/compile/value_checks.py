@@ -131,19 +131,34 @@ def checked_pool_backward(op: Any, indices_at: int, dims: int) -> Callable:
 
 
 def checked_roi(op: Any) -> Callable:
-    """torchvision's RoI ops: column 0 of each box names an image of the batch (the input's first dimension,
-    or ``batch_size`` for the backward ops); C's conversion of that float to an int truncates it."""
+    """torchvision's RoI ops: each box names an image of the batch (the input's first dimension, or
+    ``batch_size`` for the backward ops); C's conversion of that float to an int truncates it. The backward
+    kernels take ``rois`` of any width and read a box as 5 values from its start: the image of box ``n`` is
+    value ``5 * n`` (fewer than 5 columns are refused when tracing). A kernel with no output (backward: no
+    gradient) to compute reads no box."""
     def check(name: str, args: tuple, kwargs: dict) -> None:
         named = named_args(op, args, kwargs)
         rois = named["rois"]
         batch = named["batch_size"] if "batch_size" in named else named["input"].shape[0]
-        if rois.dim() == 2 and rois.shape[1] == 5:
-            image = _first_outside(rois[:, 0].to(torch.int64), batch)
-            if image is not None:
-                raise ValueError(f"mncore: {name}: a box names image {image} of a batch of {batch} (column 0 of "
-                                 "rois holds each box's image index)")
+        boxes = rois.shape[0] if rois.dim() == 2 else 0
+        if not boxes or not _roi_work(name, named):
+            return
+        image = _first_outside(rois.reshape(-1)[:5 * boxes:5].to(torch.int64), batch)
+        if image is not None:
+            raise ValueError(f"mncore: {name}: a box names image {image} of a batch of {batch} (the kernel reads "
+                             "each box's image index as the first of 5 values a box)")
 
     return _checked(op, check)
+
+
+def _roi_work(name: str, named: dict) -> bool:
+    """Whether an RoI kernel computes any value: the forward ops one per (box, output channel, pooled row,
+    pooled column), the position-sensitive ones with ``channels / (pooled height * width)`` output channels."""
+    if "grad" in named:
+        return named["grad"].numel() > 0
+    pooled = named["pooled_height"] * named["pooled_width"]
+    channels = named["input"].shape[1] if named["input"].dim() > 1 else 0
+    return (channels // pooled if name.startswith("ps_") and pooled else channels) * pooled > 0
 
 
 def checked_ctc_loss(op: Any) -> Callable:

@@ -77,8 +77,15 @@ def realize(t: LazyTensor, reason: str) -> torch.Tensor:
 
 
 def host_write(op: str, hosts: list) -> None:
-    """``op`` writes device values into the host tensors ``hosts``: a step capture records that it cannot
-    be replayed (a replay runs no Python and writes no host memory); the write itself reads the values."""
+    """``op`` writes device values into the host tensors ``hosts``. A Context function being compiled
+    cannot hold that (its calls run no Python, so the write would happen once, at compile time): raise.
+    A step capture records that it cannot be replayed (a replay runs no Python and writes no host memory);
+    the write itself reads the values."""
+    if tracer.capture is not None:
+        raise ImplicitSyncError(f"{op} writes into the unregistered host tensor(s) "
+                                f"{', '.join(map(describe_host, hosts))}, which its calls would leave unchanged; "
+                                "register them (register_buffer / register_param) so they live on the device, "
+                                "or return the value and copy it after the call")
     if tracer.recording is not None:
         tracer.recording.refuse(f"{op} writes into the host tensor(s) {', '.join(map(describe_host, hosts))}, "
                                 "which a replay would not repeat; keep them on the device, or copy after the call")

@@ -9,7 +9,6 @@ from typing import Any, Iterator
 
 import torch
 
-from mncore.errors import ImplicitSyncError
 from mncore.ir import ops as opinfo
 from mncore.ir.meta import TensorMeta, meta_of
 from mncore.ir.targets import MutateFn
@@ -17,7 +16,7 @@ from mncore.ir.values import Data, describe_site
 from mncore.trace import views
 from mncore.trace.host import fallback, host_write, realize, realize_all
 from mncore.trace.infer import FallbackNeeded
-from mncore.trace.record import describe_host, emit1, new_tensor, record
+from mncore.trace.record import emit1, new_tensor, record
 from mncore.trace.sites import user_site, warn_at
 from mncore.trace.state import tracer
 from mncore.trace.tensor import LazyTensor, RefArg
@@ -218,10 +217,6 @@ def _mixed_write(info: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     """An op writing into a host tensor from device tensors: read the device values first."""
     hosts = [t for t in _mutated_targets(info, args, kwargs)
              if isinstance(t, torch.Tensor) and not isinstance(t, LazyTensor)]
-    if tracer.capture is not None:
-        raise ImplicitSyncError(f"{info.name} writes into the unregistered host tensor(s) "
-                                f"{', '.join(map(describe_host, hosts))}; register them (register_buffer / "
-                                "register_param) so they live on the device")
     host_write(info.name, hosts)
     real_args, real_kwargs = realize_all(args, kwargs, info.name)
     return func(*real_args, **real_kwargs)
