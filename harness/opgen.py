@@ -58,8 +58,11 @@ def _values(spec: dict, g: torch.Generator, sizes_of: dict) -> torch.Tensor:
         bound = size[dim] if isinstance(size, list) and len(size) > dim else None
         if lo_hi is None and bound is not None:
             lo_hi = [0, bound - 1]
-        elif lo_hi is not None and bound is not None:
-            lo_hi = [lo_hi[0], min(lo_hi[1], bound - 1)]
+        elif lo_hi is not None and bound is not None:  # (a dimension a mutation shrank: both ends within it)
+            lo_hi = [min(lo_hi[0], bound - 1), min(lo_hi[1], bound - 1)]
+        if bound == 0 and not (dtype.is_floating_point or dtype.is_complex):
+            # an empty dimension has no valid index: each is out of range (eager raises, and so must mncore)
+            return torch.zeros(shape, dtype=dtype)
     if dtype.is_floating_point or dtype.is_complex:
         if lo_hi is None:
             return torch.randn(shape, generator=g).to(dtype)
@@ -194,8 +197,12 @@ def _place_indices(built: list, spec: dict, target: torch.Tensor, g: torch.Gener
         dim += 1
         if size is None or not t.numel():
             continue
+        if size == 0:  # an empty dimension has no valid index: each is out of range, as ``_values`` draws them
+            t.zero_()
+            continue
         lo, hi = s.get("range", [0, size - 1])
-        lo, hi = max(lo, -size), min(hi, size - 1)
+        hi = min(hi, size - 1)
+        lo = min(max(lo, -size), hi)  # (a dimension a mutation shrank below the recorded indices)
         if t.min() < lo or t.max() > hi:
             t.copy_(torch.randint(lo, hi + 1, t.shape, generator=g))
         if distinct and t.dim() == 1 and hi - lo + 1 >= t.numel():

@@ -132,10 +132,12 @@ def invalid_cases() -> dict[str, Case]:
         "mm_inner_dim": mm.with_mutation({"kind": "resize", "arg": "a1", "dim": 0,
                                           "to": mm.entry().args[1]["shape"][0] + 1, "by": "fuzz"}),
         "embedding_index_oob": emb.with_mutation({"kind": "index_oob", "arg": "a1", "by": "fuzz"}),
+        # a table of no rows: no index is valid (the generator drew them from an empty range and gave up)
+        "embedding_no_rows": emb.with_mutation({"kind": "resize", "arg": "a0", "dim": 0, "to": 0, "by": "fuzz"}),
     }
 
 
-@pytest.mark.parametrize("name", ["mm_inner_dim", "embedding_index_oob"])
+@pytest.mark.parametrize("name", ["mm_inner_dim", "embedding_index_oob", "embedding_no_rows"])
 def test_invalid_inputs_mncore_raising_like_eager_pass(invalid_cases: dict, name: str) -> None:
     """Eager raises on these inputs; mncore raising a Python exception too is a pass, not a finding."""
     case = invalid_cases[name]
@@ -146,6 +148,20 @@ def test_invalid_inputs_mncore_raising_like_eager_pass(invalid_cases: dict, name
     res = run_case(case, context=None, codegen_dir="")
     assert (res["status"], res["category"]) == ("pass", "invalid"), res
     assert res["eager_error"] and res["mncore_error"]
+
+
+def test_indices_into_a_dimension_shrunk_below_their_recorded_range_stay_within_it(tmp_path: Path) -> None:
+    """A mutation that shrinks the dimension an index tensor indexes below the indices the row recorded (26
+    into 32 rows, then 4 rows) draws them within the new size: a valid case, checked against eager (the
+    generator drew from an empty range and the case never ran)."""
+    sel = _row("aten.index_select.default")
+    assert sel.entry().args[2]["range"][0] >= 4  # the recorded index lies past the shrunk dimension
+    case = sel.with_mutation({"kind": "resize", "arg": "a0", "dim": 0, "to": 4, "by": "fuzz"})
+    args, _ = case.build_inputs()
+    assert args[0].shape[0] == 4 and 0 <= int(args[2].min()) and int(args[2].max()) < 4
+    res = run_case(case, context=_context(), codegen_dir=str(tmp_path))
+    assert (res["status"], res["category"], res["checks"]["lazy_vs_eager"], res["checks"]["context_vs_lazy"]) == (
+        "pass", "valid", "pass", "pass"), res
 
 
 def test_invalid_input_accepted_by_mncore_is_a_finding(invalid_cases: dict) -> None:
