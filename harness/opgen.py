@@ -197,12 +197,9 @@ def _place_indices(built: list, spec: dict, target: torch.Tensor, g: torch.Gener
         dim += 1
         if size is None or not t.numel():
             continue
-        if size == 0:  # an empty dimension has no valid index: each is out of range, as ``_values`` draws them
-            t.zero_()
-            continue
         lo, hi = s.get("range", [0, size - 1])
         hi = min(hi, size - 1)
-        lo = min(max(lo, -size), hi)  # (a dimension a mutation shrank below the recorded indices)
+        lo = min(max(lo, -size), hi)  # (a dimension a mutation shrank or emptied: an empty one gets -1, out of range)
         if t.min() < lo or t.max() > hi:
             t.copy_(torch.randint(lo, hi + 1, t.shape, generator=g))
         if distinct and t.dim() == 1 and hi - lo + 1 >= t.numel():

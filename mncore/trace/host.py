@@ -81,14 +81,15 @@ def host_write(op: str, hosts: list) -> None:
     cannot hold that (its calls run no Python, so the write would happen once, at compile time): raise.
     A step capture records that it cannot be replayed (a replay runs no Python and writes no host memory);
     the write itself reads the values."""
+    if tracer.capture is None and tracer.recording is None:
+        return
+    names = ", ".join(map(describe_host, hosts))
     if tracer.capture is not None:
-        raise ImplicitSyncError(f"{op} writes into the unregistered host tensor(s) "
-                                f"{', '.join(map(describe_host, hosts))}, which its calls would leave unchanged; "
-                                "register them (register_buffer / register_param) so they live on the device, "
-                                "or return the value and copy it after the call")
-    if tracer.recording is not None:
-        tracer.recording.refuse(f"{op} writes into the host tensor(s) {', '.join(map(describe_host, hosts))}, "
-                                "which a replay would not repeat; keep them on the device, or copy after the call")
+        raise ImplicitSyncError(f"{op} writes into the unregistered host tensor(s) {names}, which its calls would "
+                                "leave unchanged; register them (register_buffer / register_param) so they live on "
+                                "the device, or return the value and copy it after the call")
+    tracer.recording.refuse(f"{op} writes into the host tensor(s) {names}, which a replay would not repeat; keep "
+                            "them on the device, or copy after the call")
 
 
 def _guarded_read(t: LazyTensor, reason: str) -> torch.Tensor | None:
